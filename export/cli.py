@@ -1,0 +1,65 @@
+"""`headwise export [--model DIR] --out BUNDLE [--fp16] [--int8]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from export.bundle import ExportOptions, build_bundle
+from export.optimize import FusionError
+from export.verify import ParityError
+from models.weights import DEFAULT_MODEL_NAME, WeightLoadError, default_model_dir, load_pretrained
+
+log = logging.getLogger("headwise.export")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", type=Path, help="BERT-family model folder (default: all-MiniLM-L6-v2)"
+    )
+    p.add_argument("--name", help="model name to report (default: the folder's name)")
+    p.add_argument("--out", type=Path, required=True, help="bundle folder to write")
+    p.add_argument("--max-length", type=int, help="override the model's max sequence length")
+    p.add_argument("--fp16", action="store_true", help="also write encoder.fp16.onnx (GPU)")
+    p.add_argument("--int8", action="store_true", help="also write encoder.int8.onnx (CPU)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model is None:
+        folder, name = default_model_dir(), args.name or DEFAULT_MODEL_NAME
+    else:
+        folder, name = args.model, args.name
+    try:
+        loaded = load_pretrained(folder, name=name, max_length=args.max_length)
+        manifest = build_bundle(loaded, args.out, ExportOptions(fp16=args.fp16, int8=args.int8))
+    except (FileNotFoundError, WeightLoadError, ValueError, FusionError, ParityError) as exc:
+        log.error("export failed: %s", exc)
+        return 1
+    for key, graph in manifest["graphs"].items():
+        p = graph["parity"]
+        log.info(
+            "%-13s %-22s %6.1f MB  min cos %.7f vs %s  ops %s",
+            key,
+            graph["file"],
+            graph["bytes"] / 1e6,
+            p["min_cosine"],
+            p["reference"],
+            graph["op_counts"],
+        )
+    log.info("bundle written to %s in %.1fs", args.out, manifest["export_seconds"])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="headwise export")
+    add_arguments(p)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

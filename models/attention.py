@@ -1,0 +1,111 @@
+"""Multi-head scaled dot-product attention, as in "Attention Is All You Need", section 3.2.
+
+    head_i = softmax(Q W_Q^i (K W_K^i)ᵀ / √d_k + M) V W_V^i
+    MHA(Q, K, V) = concat(head_1 … head_h) W_O
+
+Masks are additive: 0 where a key may be attended, MASK_VALUE where it may not. A finite
+MASK_VALUE (not -inf) keeps a row whose keys are all masked finite: it becomes uniform
+instead of NaN. The explicit path is also the graph shape that ONNX Runtime's BERT optimizer
+fuses into one Attention node.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# exp(-10000) underflows to exactly 0 in float32 and float16 alike; ONNX Runtime's fused
+# Attention uses the same value (its mask_filter_value default).
+MASK_VALUE = -10000.0
+
+
+def padding_mask(keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, N_k) with 1 = attend, 0 = padding  ->  additive (B, 1, 1, N_k)."""
+    keep = keep[:, None, None, :].to(dtype)  # (B, 1, 1, N_k)
+    return (1.0 - keep) * MASK_VALUE
+
+
+def causal_mask(n_q: int, n_k: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """Additive (1, 1, N_q, N_k): query i sees keys j <= i (aligned at the end when N_k > N_q)."""
+    offset = n_k - n_q
+    allowed = torch.ones(n_q, n_k, device=device, dtype=torch.bool).tril(diagonal=offset)
+    return (~allowed).to(dtype)[None, None] * MASK_VALUE  # (1, 1, N_q, N_k)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        impl: str = "explicit",
+    ) -> None:
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        if impl not in ("explicit", "sdpa"):
+            raise ValueError(f"impl must be 'explicit' or 'sdpa', got {impl!r}")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.d_k = d_model // n_heads
+        self.impl = impl
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W_Q for all heads at once
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W_K
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W_V
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        b, n, _ = x.shape
+        # (B, N, d) -> (B, N, h, d_k) -> (B, h, N, d_k)
+        return x.view(b, n, self.n_heads, self.d_k).permute(0, 2, 1, 3)
+
+    def _merge_heads(self, x: Tensor) -> Tensor:
+        b, _, n, _ = x.shape
+        # (B, h, N, d_k) -> (B, N, h, d_k) -> (B, N, d)
+        return x.permute(0, 2, 1, 3).reshape(b, n, self.d_model)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """query (B, N_q, d); key/value (B, N_k, d), default: self-attention on query.
+
+        key_padding_mask: (B, N_k), 1 = real token, 0 = padding.
+        Returns the output (B, N_q, d) and, with need_weights, the probabilities (B, h, N_q, N_k).
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        q = self._split_heads(self.q_proj(query))  # (B, h, N_q, d_k)
+        k = self._split_heads(self.k_proj(key))  # (B, h, N_k, d_k)
+        v = self._split_heads(self.v_proj(value))  # (B, h, N_k, d_k)
+
+        mask = None
+        if key_padding_mask is not None:
+            mask = padding_mask(key_padding_mask, q.dtype)  # (B, 1, 1, N_k)
+        if causal:
+            c = causal_mask(q.shape[2], k.shape[2], q.device, q.dtype)  # (1, 1, N_q, N_k)
+            mask = c if mask is None else mask + c
+
+        p_drop = self.dropout if self.training else 0.0
+        if self.impl == "sdpa" and not need_weights:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop)
+            return self.out_proj(self._merge_heads(context)), None
+
+        scores = torch.matmul(q, k.transpose(-1, -2))  # (B, h, N_q, N_k)
+        scores = scores / math.sqrt(self.d_k)
+        if mask is not None:
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=-1)  # (B, h, N_q, N_k), rows sum to 1
+        context = torch.matmul(F.dropout(weights, p_drop, self.training), v)  # (B, h, N_q, d_k)
+        out = self.out_proj(self._merge_heads(context))  # (B, N_q, d)
+        return out, (weights if need_weights else None)

@@ -1,0 +1,47 @@
+"""The `headwise` command: `export` (needs the [export] extra: torch) and `serve` (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+
+def _export(argv: list[str]) -> int:
+    try:
+        # By name, so that the service never imports the torch side unless asked to export.
+        export_cli = importlib.import_module("export.cli")
+    except ImportError as exc:
+        logging.getLogger("headwise").error(
+            "export needs the [export] extra (torch, onnx): %s", exc
+        )
+        return 2
+    return export_cli.main(argv)
+
+
+def _serve(argv: list[str]) -> int:
+    from service.server import serve_command
+
+    p = argparse.ArgumentParser(prog="headwise serve", description="Serve a bundle over HTTP.")
+    p.add_argument("--bundle", type=Path, help="bundle folder (env HEADWISE_BUNDLE)")
+    p.add_argument("--host", help="bind address (env HEADWISE_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (env HEADWISE_PORT, default 8000)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="env HEADWISE_DEVICE")
+    return serve_command(p.parse_args(argv))
+
+
+COMMANDS = {"export": _export, "serve": _serve}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: headwise {{{','.join(COMMANDS)}}} [options]", file=sys.stderr)  # noqa: T201
+        return 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

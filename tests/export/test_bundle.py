@@ -1,0 +1,148 @@
+"""Export on a tiny random-weight model: fusion, the gate, parity, manifest, fp16 and int8."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from export import verify
+from export.bundle import build_bundle
+from export.optimize import FusionError, check_fusion
+from service.bundle import load_bundle, sha256_file
+from tests.conftest import tiny_loaded
+
+
+def session(path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def ops(path) -> list[str]:
+    return [n.op_type for n in onnx.load(str(path)).graph.node]
+
+
+def test_serving_graph_has_one_fused_attention_per_layer_and_no_softmax(tiny_bundle):
+    op_types = ops(tiny_bundle / "encoder.onnx")
+    assert op_types.count("Attention") == 2
+    assert "Softmax" not in op_types
+    assert op_types.count("SkipLayerNormalization") >= 2
+
+
+def test_graph_io_names_types_and_dynamic_axes(tiny_bundle):
+    s = session(tiny_bundle / "encoder.onnx")
+    assert [(i.name, i.type) for i in s.get_inputs()] == [
+        ("input_ids", "tensor(int64)"),
+        ("attention_mask", "tensor(int64)"),
+    ]
+    out = s.get_outputs()[0]
+    assert out.name == "sentence_embedding" and out.type == "tensor(float)"
+    for b, n in [(1, 3), (5, 40)]:
+        ids = np.full((b, n), 1000, dtype=np.int64)
+        (emb,) = s.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        assert emb.shape == (b, 32)
+
+
+def test_manifest_describes_the_bundle(tiny_bundle):
+    m = json.loads((tiny_bundle / "manifest.json").read_text())
+    assert (m["num_layers"], m["num_heads"], m["d_model"], m["max_length"]) == (2, 4, 32, 48)
+    assert m["pooling"] == "mean" and m["opset"] == 17
+    assert set(m["graphs"]) == {"encoder", "attention", "encoder_fp16", "encoder_int8"}
+    for g in m["graphs"].values():
+        assert g["sha256"] == sha256_file(tiny_bundle / g["file"])
+        assert g["parity"]["texts"] == len(verify.PROBE_TEXTS)
+    assert m["graphs"]["encoder"]["op_counts"]["Attention"] == 2
+    assert m["graphs"]["encoder"]["parity"]["min_cosine"] >= verify.FP32_MIN_COSINE
+    assert set(m["versions"]) == {"torch", "onnx", "onnxruntime"}
+    assert m["special_tokens"] == {"cls": 101, "sep": 102, "pad": 0}
+    load_bundle(tiny_bundle)  # every hash checks out
+
+
+def test_bundle_tokenizer_truncates_at_max_length_without_fixed_padding(tiny_bundle):
+    tok = Tokenizer.from_file(str(tiny_bundle / "tokenizer.json"))
+    assert len(tok.encode("word " * 500).ids) == 48
+    assert len(tok.encode("hi").ids) == 3
+
+
+def test_fused_graph_matches_pytorch_and_padding_changes_nothing(tiny_bundle, tiny_model):
+    tok = Tokenizer.from_file(str(tiny_bundle / "tokenizer.json"))
+    ids, mask = verify.tokenize(tok, ["a short one", "a somewhat longer sentence with more words"])
+    want, _ = verify.torch_reference(tiny_model.model, ids, mask)
+    s = session(tiny_bundle / "encoder.onnx")
+    (batch,) = s.run(None, {"input_ids": ids, "attention_mask": mask})
+    np.testing.assert_allclose(batch, want, atol=1e-5)
+    n = int(mask[0].sum())
+    (alone,) = s.run(None, {"input_ids": ids[:1, :n], "attention_mask": mask[:1, :n]})
+    np.testing.assert_allclose(batch[0], alone[0], atol=1e-5)
+
+
+def test_attention_graph_outputs_the_softmax_probabilities(tiny_bundle, tiny_model):
+    tok = Tokenizer.from_file(str(tiny_bundle / "tokenizer.json"))
+    ids, mask = verify.tokenize(tok, ["tiny text", "another, longer text for the maps"])
+    want_emb, want_attn = verify.torch_reference(tiny_model.model, ids, mask)
+    emb, attn = session(tiny_bundle / "attention.onnx").run(
+        None, {"input_ids": ids, "attention_mask": mask}
+    )
+    assert attn.shape == (2, 2, 4, ids.shape[1], ids.shape[1])  # (L, B, h, N, N)
+    np.testing.assert_allclose(attn, want_attn, atol=1e-5)
+    np.testing.assert_allclose(attn.sum(-1), 1.0, atol=1e-5)
+    n0 = int(mask[0].sum())
+    assert np.all(attn[:, 0, :, :n0, n0:] == 0)  # no weight on padding keys
+    np.testing.assert_allclose(emb, want_emb, atol=1e-5)
+
+
+def test_fp16_graph_keeps_float32_io_and_fused_ops(tiny_bundle):
+    path = tiny_bundle / "encoder.fp16.onnx"
+    m = onnx.load(str(path))
+    assert m.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in m.graph.initializer)
+    assert ops(path).count("Attention") == 2
+    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+    assert manifest["graphs"]["encoder_fp16"]["parity"]["min_cosine"] >= verify.FP16_MIN_COSINE
+
+
+def test_int8_graph_is_quantised_and_its_cosine_recorded(tiny_bundle):
+    path = tiny_bundle / "encoder.int8.onnx"
+    op_types = ops(path)
+    assert "MatMulInteger" in op_types or "DynamicQuantizeMatMul" in op_types
+    assert path.stat().st_size < (tiny_bundle / "encoder.onnx").stat().st_size
+    parity = json.loads((tiny_bundle / "manifest.json").read_text())["graphs"]["encoder_int8"][
+        "parity"
+    ]
+    assert parity["reference"] == "encoder.onnx" and 0 < parity["min_cosine"] <= 1
+
+
+def test_gate_rejects_an_unfused_graph(tmp_path, tiny_model):
+    from export.onnx import export_serving
+
+    export_serving(tiny_model.model, tmp_path / "raw.onnx")
+    with pytest.raises(FusionError, match="0 fused attention node"):
+        check_fusion(onnx.load(str(tmp_path / "raw.onnx")), n_layers=2)
+
+
+def test_export_fails_and_writes_nothing_when_fusion_misses(tmp_path, model_dir, monkeypatch):
+    """A mask built with torch.where (not (1 - m) * -10000) defeats ORT's pattern matcher."""
+    import models.attention as attention
+
+    def where_mask(keep, dtype):
+        keep = keep[:, None, None, :].bool()
+        return torch.where(keep, torch.zeros((), dtype=dtype), torch.full((), -1e4, dtype=dtype))
+
+    monkeypatch.setattr(attention, "padding_mask", where_mask)
+    out = tmp_path / "bundle"
+    with pytest.raises(FusionError, match="attention was not fused"):
+        build_bundle(tiny_loaded(model_dir, seed=1), out)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_fails_on_parity(tmp_path, model_dir, monkeypatch):
+    monkeypatch.setattr(
+        verify, "torch_reference", lambda m, i, k: (np.ones((len(i), 32), np.float32), None)
+    )
+    with pytest.raises(verify.ParityError, match="min cosine"):
+        build_bundle(tiny_loaded(model_dir, seed=2), tmp_path / "b")

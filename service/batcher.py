@@ -1,0 +1,262 @@
+"""DynamicBatcher: many small requests become few large, length-grouped batches.
+
+A batch closes when its padded tokens (longest x count) would pass the token budget, when it
+holds max_batch_size texts, or when the oldest waiting text has waited max_wait (whichever is
+first). The wait is only spent while more texts are on their way (being tokenised); an idle
+server runs a lone request at once. The oldest text always goes into the next batch (no
+starvation); the rest are chosen by nearest length so little compute goes to padding.
+
+One worker runs inference off the event loop on its own thread. A failed batch fails every
+request in it, and the worker carries on. Texts whose caller went away or whose deadline
+passed are dropped before they cost compute. The queue is bounded: a submit that does not fit
+is refused at once (429), so nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from service.errors import InferenceFailed, Overloaded, Unavailable
+
+log = logging.getLogger(__name__)
+
+Infer = Callable[[np.ndarray, np.ndarray], Sequence[Any]]
+
+
+class BatchObserver(Protocol):
+    def batch(self, size: int, padded: int, real: int, seconds: float) -> None: ...
+    def queue_depth(self, texts: int) -> None: ...
+    def rejected(self, reason: str) -> None: ...
+
+
+@dataclass(eq=False)
+class Item:
+    ids: Sequence[int]
+    future: asyncio.Future
+    enqueued: float
+    deadline: float
+    started: float = 0.0  # when its batch began inference
+    inference_s: float = 0.0
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    @property
+    def queue_s(self) -> float:
+        return max(0.0, self.started - self.enqueued)
+
+
+@dataclass
+class BatchPolicy:
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 64
+    max_wait_s: float = 0.002
+    max_padding_ratio: float = 0.1
+    padding_slack: int = 2  # a few padding tokens are cheaper than a separate run
+    max_queue: int = 4096
+    window: int = 8  # look at this many batches' worth of the oldest texts when grouping
+
+
+def select_batch(queue: Sequence[Item], policy: BatchPolicy) -> list[Item]:
+    """The oldest item plus its nearest-length neighbours, within budget and padding bounds."""
+    window = list(queue[: policy.max_batch_size * policy.window])
+    anchor = window[0]
+    ordered = sorted(window, key=lambda it: it.length)
+    i = ordered.index(anchor)
+    lo = hi = i
+    longest, real = anchor.length, anchor.length
+    while hi - lo + 1 < policy.max_batch_size:
+        count = hi - lo + 2
+        padded_now = longest * (count - 1)
+        options = []  # (padding ratio, extra padding tokens, side, new longest)
+        for side, j in ((-1, lo - 1), (1, hi + 1)):
+            if 0 <= j < len(ordered):
+                length = ordered[j].length
+                new_longest = max(longest, length)
+                padded = new_longest * count
+                extra = padded - padded_now - length
+                options.append((1 - (real + length) / padded, extra, side, new_longest))
+        options = [o for o in options if o[3] * count <= policy.max_batch_tokens]
+        if not options:
+            break
+        padding, extra, side, new_longest = min(options, key=lambda o: (o[1], o[0]))
+        if padding > policy.max_padding_ratio and extra > policy.padding_slack:
+            break
+        if side < 0:
+            lo -= 1
+            real += ordered[lo].length
+        else:
+            hi += 1
+            real += ordered[hi].length
+        longest = new_longest
+    return ordered[lo : hi + 1]
+
+
+def pad(batch: Sequence[Item], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    n = max(it.length for it in batch)
+    ids = np.full((len(batch), n), pad_id, dtype=np.int64)
+    mask = np.zeros((len(batch), n), dtype=np.int64)
+    for row, it in enumerate(batch):
+        ids[row, : it.length] = it.ids
+        mask[row, : it.length] = 1
+    return ids, mask
+
+
+class DynamicBatcher:
+    def __init__(
+        self,
+        infer: Infer,
+        policy: BatchPolicy,
+        observer: BatchObserver | None = None,
+        name: str = "encoder",
+        pad_id: int = 0,
+    ) -> None:
+        self._infer = infer
+        self.policy = policy
+        self._observer = observer
+        self.name = name
+        self._pad_id = pad_id
+        self._queue: list[Item] = []
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self.arriving = 0  # requests being tokenised: a batch may wait for them
+        self.batches = 0
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._worker(), name=f"batcher-{self.name}"
+        )
+
+    def submit(self, sequences: Sequence[Sequence[int]], timeout_s: float) -> list[Item]:
+        """Queue every sequence or none (429 when they don't fit); one item (future) each."""
+        if self._closing:
+            raise Unavailable("the server is shutting down", retry_after=1)
+        if len(self._queue) + len(sequences) > self.policy.max_queue:
+            if self._observer:
+                self._observer.rejected("queue_full")
+            raise Overloaded(
+                f"queue full: {len(self._queue)} texts waiting, limit {self.policy.max_queue}",
+                retry_after=1,
+            )
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        items = [Item(seq, loop.create_future(), now, now + timeout_s) for seq in sequences]
+        self._queue.extend(items)
+        self._report_depth()
+        self._wakeup.set()
+        return items
+
+    async def stop(self) -> None:
+        """Refuse new work, finish everything already accepted, then release the thread."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    def _report_depth(self) -> None:
+        if self._observer:
+            self._observer.queue_depth(len(self._queue))
+
+    def _full(self) -> bool:
+        q = self._queue
+        if len(q) >= self.policy.max_batch_size:
+            return True
+        return max(it.length for it in q) * len(q) >= self.policy.max_batch_tokens
+
+    async def _fill(self) -> None:
+        """Wait for a fuller batch, but only while texts are on their way and max_wait allows."""
+        deadline = self._queue[0].enqueued + self.policy.max_wait_s
+        while self.arriving > 0 and not self._closing and not self._full():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _prune(self) -> None:
+        """Drop texts nobody waits for any more, and fail those whose deadline passed."""
+        now = time.monotonic()
+        keep = []
+        for it in self._queue:
+            if it.future.done():  # cancelled: the client went away or gave up
+                continue
+            if now > it.deadline:
+                it.future.set_exception(
+                    Unavailable("request deadline passed while queued", retry_after=1)
+                )
+                if self._observer:
+                    self._observer.rejected("deadline")
+                continue
+            keep.append(it)
+        self._queue = keep
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._prune()
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                await self._fill()
+                self._prune()
+                if not self._queue:
+                    continue
+                batch = select_batch(self._queue, self.policy)
+                chosen = set(map(id, batch))
+                self._queue = [it for it in self._queue if id(it) not in chosen]
+                self._report_depth()
+            except Exception:  # a bug here must not leave callers waiting: fail the oldest
+                log.exception("%s batcher could not form a batch", self.name)
+                head = self._queue.pop(0)
+                if not head.future.done():
+                    head.future.set_exception(InferenceFailed("could not schedule the request"))
+                continue
+            await self._run(loop, batch)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[Item]) -> None:
+        try:
+            ids, mask = pad(batch, self._pad_id)
+            started = time.monotonic()
+            for it in batch:
+                it.started = started
+            out = await loop.run_in_executor(self._executor, self._infer, ids, mask)
+            seconds = time.monotonic() - started
+            if len(out) != len(batch):
+                raise RuntimeError(f"backend returned {len(out)} rows for {len(batch)} texts")
+        except Exception as exc:  # one failed batch must not kill the worker
+            log.exception("%s batch of %d failed", self.name, len(batch))
+            for it in batch:
+                if not it.future.done():
+                    it.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
+            return
+        self.batches += 1
+        if self._observer:
+            real = sum(it.length for it in batch)
+            self._observer.batch(len(batch), ids.size, real, seconds)
+        for it, row in zip(batch, out, strict=True):
+            it.inference_s = seconds
+            if not it.future.done():
+                it.future.set_result(row)

@@ -1,0 +1,147 @@
+"""Prometheus metrics, one prefix (headwise_), one registry per app so tests stay independent."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Geometric buckets: 100 µs ... ~60 s, ×2 per step.
+DURATION_BUCKETS = tuple(round(0.0001 * 2**i, 6) for i in range(20))
+SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+TOKEN_BUCKETS = tuple(2**i for i in range(4, 17))
+RATIO_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "headwise_requests",
+            "HTTP requests by endpoint and status code",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "headwise_request_duration_seconds",
+            "Whole request time",
+            ["endpoint"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.tokenization_duration = Histogram(
+            "headwise_tokenization_duration_seconds",
+            "Tokenisation time per request",
+            ["path"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.queue_duration = Histogram(
+            "headwise_queue_duration_seconds",
+            "Time a request's texts waited for a batch",
+            ["path"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            "headwise_inference_duration_seconds",
+            "Graph run time per batch",
+            ["path"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "headwise_batch_size", "Texts per batch", ["path"], buckets=SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "headwise_batch_tokens",
+            "Padded tokens (longest x count) per batch",
+            ["path"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.batch_padding = Histogram(
+            "headwise_batch_padding_ratio",
+            "Share of a batch's computed tokens that are padding",
+            ["path"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter("headwise_tokens", "Real tokens computed", ["path"], registry=r)
+        self.padded_tokens = Counter(
+            "headwise_padded_tokens", "Tokens computed including padding", ["path"], registry=r
+        )
+        self.padding_ratio = Gauge(
+            "headwise_padding_ratio",
+            "Padding share of all computed tokens since start",
+            ["path"],
+            registry=r,
+        )
+        self.input_length = Histogram(
+            "headwise_input_tokens",
+            "Tokens per input after truncation",
+            ["path"],
+            buckets=tuple(2**i for i in range(11)),
+            registry=r,
+        )
+        self.truncated = Counter(
+            "headwise_truncated_inputs",
+            "Inputs cut at the model's max length",
+            ["path"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "headwise_queue_depth", "Texts waiting for a batch", ["path"], registry=r
+        )
+        self.rejected = Counter(
+            "headwise_rejected",
+            "Requests refused before inference, by reason",
+            ["path", "reason"],
+            registry=r,
+        )
+        self.inflight = Gauge("headwise_inflight_requests", "Requests being handled", registry=r)
+        self.info = Gauge(
+            "headwise_model_info",
+            "The served model and where it runs (value 1)",
+            ["model", "provider", "device", "precision", "version"],
+            registry=r,
+        )
+        self.ready = Gauge("headwise_ready", "1 when the model is loaded and warm", registry=r)
+
+    def observer(self, path: str) -> BatchMetrics:
+        return BatchMetrics(self, path)
+
+
+class BatchMetrics:
+    """What a DynamicBatcher reports, labelled by its path (encode or attention)."""
+
+    def __init__(self, metrics: Metrics, path: str) -> None:
+        m = metrics
+        self._size = m.batch_size.labels(path)
+        self._tokens = m.batch_tokens.labels(path)
+        self._padding = m.batch_padding.labels(path)
+        self._inference = m.inference_duration.labels(path)
+        self._real_total = m.tokens.labels(path)
+        self._padded_total = m.padded_tokens.labels(path)
+        self._ratio = m.padding_ratio.labels(path)
+        self._depth = m.queue_depth.labels(path)
+        self._rejected = m.rejected
+        self._path = path
+        self._real = 0
+        self._padded = 0
+
+    def batch(self, size: int, padded: int, real: int, seconds: float) -> None:
+        self._size.observe(size)
+        self._tokens.observe(padded)
+        self._padding.observe(1 - real / padded if padded else 0.0)
+        self._inference.observe(seconds)
+        self._real_total.inc(real)
+        self._padded_total.inc(padded)
+        self._real += real
+        self._padded += padded
+        self._ratio.set(1 - self._real / self._padded)
+
+    def queue_depth(self, texts: int) -> None:
+        self._depth.set(texts)
+
+    def rejected(self, reason: str) -> None:
+        self._rejected.labels(self._path, reason).inc()

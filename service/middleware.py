@@ -1,0 +1,147 @@
+"""One pure-ASGI middleware for what every HTTP request gets: a request id, a bounded body,
+the API key check, timing headers, and the request metrics."""
+
+from __future__ import annotations
+
+import hmac
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from service.errors import PayloadTooLarge, Unauthorized, error_response
+from service.metrics import Metrics
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = frozenset(
+    {"/health", "/ready", "/metrics", "/attention/view", "/v2/health/live", "/v2/health/ready"}
+)
+ENDPOINTS = frozenset(
+    {
+        "/encode",
+        "/v1/embeddings",
+        "/tokenize",
+        "/attention",
+        "/attention/view",
+        "/info",
+        "/health",
+        "/ready",
+        "/metrics",
+        "/v1/models",
+        "/docs",
+        "/openapi.json",
+        "/v2/health/live",
+        "/v2/health/ready",
+    }
+)
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class HeadwiseMiddleware:
+    def __init__(
+        self, app: ASGIApp, metrics: Metrics, max_body_bytes: int, api_key: str | None
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body = max_body_bytes
+        self.api_key = api_key.encode() if api_key else None
+
+    def _authorised(self, scope: Scope) -> bool:
+        if self.api_key is None or scope["path"] in OPEN_PATHS or scope["method"] == "OPTIONS":
+            return True
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                    token.strip(), self.api_key
+                )
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        state = scope.setdefault("state", {})
+        sent_id = next(
+            (v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), ""
+        )
+        request_id = sent_id if _REQUEST_ID.match(sent_id) else uuid.uuid4().hex
+        state["request_id"] = request_id
+        endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+        status_seen = [500]
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_seen[0] = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                for name, value in state.get("timing_headers", {}).items():
+                    headers.append((name.encode(), value.encode()))
+                total = (time.monotonic() - started) * 1e3
+                headers.append((b"x-total-time", f"{total:.3f}".encode()))
+                message["headers"] = headers
+            await send(message)
+
+        self.metrics.inflight.inc()
+        try:
+            if not self._authorised(scope):
+                exc = Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
+                await error_response(exc)(scope, receive, send_with_headers)
+                return
+            body = None if self._declared_too_large(scope) else await self._read_body(receive)
+            if body is None:
+                await error_response(
+                    PayloadTooLarge(
+                        f"request body is larger than the limit of {self.max_body} bytes"
+                    )
+                )(scope, receive, send_with_headers)
+                return
+            await self.app(scope, _replay(body, receive), send_with_headers)
+        finally:
+            self.metrics.inflight.dec()
+            self.metrics.requests.labels(endpoint, str(status_seen[0])).inc()
+            self.metrics.request_duration.labels(endpoint).observe(time.monotonic() - started)
+
+    def _declared_too_large(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                return value.isdigit() and int(value) > self.max_body
+        return False
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None when it passes the limit (checked before and while reading)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The buffered body first, then the server's own messages (to notice a disconnect)."""
+    delivered = False
+
+    async def replay() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,0 +1,1 @@
+"""HTTP routes; each module owns one family of endpoints."""

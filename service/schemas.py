@@ -1,0 +1,65 @@
+"""Request models. Responses are built as plain dicts and serialised with orjson (fast)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+def _texts(value: Any) -> str | list[str]:
+    """A string or a list of strings, with an error that says which item is wrong and why."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"must be a string or a list of strings, not {type(value).__name__}")
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            continue
+        if isinstance(item, int | list) and not isinstance(item, bool):
+            raise ValueError(
+                f"item {i} is not a string: token-id arrays are not accepted, send text"
+            )
+        raise ValueError(f"item {i} must be a string, not {type(item).__name__}")
+    return value
+
+
+Texts = Annotated[str | list[str], BeforeValidator(_texts)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EncodeRequest(Strict):
+    inputs: Texts = Field(description="a text or a list of texts")
+    normalize: StrictBool = Field(True, description="L2-normalise each vector")
+    truncate: StrictBool = Field(
+        True, description="cut at the model's max length; false: 413 instead"
+    )
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="keep the first k components (Matryoshka), then re-normalise"
+    )
+
+
+class OpenAIEmbeddingsRequest(Strict):
+    input: Texts
+    model: StrictStr | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = None
+    user: StrictStr | None = None
+
+
+class TokenizeRequest(Strict):
+    inputs: Texts
+    add_special_tokens: StrictBool = True
+
+
+class AttentionRequest(Strict):
+    input: StrictStr
+    layers: list[StrictInt] | None = Field(None, description="layer indices; all when null")
+    heads: list[StrictInt] | None = Field(None, description="head indices; all when null")
+    truncate: StrictBool = Field(
+        False, description="cut at the attention token limit instead of 413"
+    )
+    format: Literal["json", "png"] = "json"

@@ -1,0 +1,53 @@
+"""`headwise serve`: settings from flags and HEADWISE_* variables, then uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+
+from service.bundle import BundleError, load_bundle
+from service.runtime import DeviceUnavailable
+from service.settings import Settings
+
+log = logging.getLogger("headwise")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    overrides = {
+        k: v for k in ("bundle", "host", "port", "device") if (v := getattr(args, k)) is not None
+    }
+    settings = Settings(**overrides)
+    configure_logging(settings.log_level)
+    try:
+        bundle = load_bundle(settings.bundle, verify=settings.verify_bundle)
+    except BundleError as exc:
+        log.error("cannot serve: %s", exc)
+        return 1
+    from service.app import create_app
+
+    app = create_app(settings, bundle=bundle)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        access_log=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    except DeviceUnavailable as exc:
+        log.error("cannot serve: %s", exc)
+        return 1
+    # uvicorn reports a failed startup (lifespan error) by leaving started False.
+    return 0 if server.started else 1

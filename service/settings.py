@@ -1,0 +1,75 @@
+"""All service settings in one object, read from HEADWISE_* variables when the app is created."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HEADWISE_", extra="ignore")
+
+    bundle: Path = Field(Path("bundles/default"), description="bundle folder to serve")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # Runtime
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="auto: CUDA when available, else CPU with a warning; cuda: refuse without it",
+    )
+    precision: Literal["auto", "fp32", "fp16", "int8"] = Field(
+        "auto", description="auto: fp16 graph on CUDA when the bundle has one, fp32 on CPU"
+    )
+    threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = one per core")
+    spinning: bool = Field(
+        False, description="let ORT threads spin between runs (one session only)"
+    )
+    warmup: bool = True
+    verify_bundle: bool = Field(True, description="check every file's sha256 against the manifest")
+
+    # Batching
+    max_batch_tokens: int = Field(
+        16384, ge=1, description="padded tokens (longest x count) per batch"
+    )
+    max_batch_size: int = Field(64, ge=1, description="texts per batch")
+    max_wait_ms: float = Field(2.0, ge=0, description="how long a batch may wait to fill up")
+    max_padding_ratio: float = Field(
+        0.1, ge=0, le=1, description="stop growing a batch when padding would exceed this share"
+    )
+    max_queue_texts: int = Field(4096, ge=1, description="texts waiting; more is answered 429")
+    request_timeout_s: float = Field(30.0, gt=0, description="a request's deadline; then 503")
+
+    # Request bounds
+    max_inputs: int = Field(2048, ge=1, description="inputs per request (split across batches)")
+    max_input_chars: int = Field(100_000, ge=1, description="characters per input")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size; then 413")
+
+    # Attention maps
+    attention_enabled: bool = Field(True, description="serve /attention; false answers 404")
+    attention_max_tokens: int = Field(256, ge=2, description="tokens per /attention input")
+    attention_max_numbers: int = Field(
+        5_000_000, ge=1, description="layers x heads x tokens² returned by one /attention call"
+    )
+    attention_queue: int = Field(8, ge=1, description="/attention requests waiting; then 429")
+
+    # Security
+    api_key: SecretStr | None = Field(
+        None, description="Bearer key for all but health/ready/metrics"
+    )
+    cors_origins: list[str] = Field(default_factory=list, description="allowed CORS origins")
+
+    # Shutdown
+    drain_timeout_s: float = Field(
+        30.0, gt=0, description="grace for in-flight requests on SIGTERM"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.api_key is not None and not self.api_key.get_secret_value():
+            self.api_key = None
+        return self

@@ -14,6 +14,16 @@ from service.settings import Settings
 log = logging.getLogger("headwise")
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown, so the process dies "by signal"
+    (exit -15). After a completed drain we exit 0 instead: every accepted request was answered."""
+
+    async def _serve(self, sockets=None) -> None:  # type: ignore[override]
+        await super()._serve(sockets)
+        if self.started:
+            self._captured_signals.clear()
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -43,7 +53,7 @@ def serve_command(args: argparse.Namespace) -> int:
         access_log=False,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config)
     try:
         server.run()
     except DeviceUnavailable as exc:

@@ -1,0 +1,126 @@
+"""End to end: `headwise serve` as a real process with the default bundle, over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import REAL_TEXTS
+from tests.live import serve
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def live(default_bundle, tmp_path_factory):
+    with serve(default_bundle, tmp_path_factory.mktemp("live")) as server:
+        yield server
+
+
+def test_encode_matches_sentence_transformers(live, sentence_transformer):
+    r = httpx.post(f"{live.url}/encode", json={"inputs": REAL_TEXTS}, timeout=60)
+    assert r.status_code == 200
+    got = np.array(r.json()["embeddings"])
+    ref = sentence_transformer.encode(REAL_TEXTS, convert_to_numpy=True)
+    assert (got * ref).sum(1).min() >= 0.9999
+
+
+def test_official_openai_sdk_works_unmodified(live, sentence_transformer):
+    client = OpenAI(base_url=f"{live.url}/v1", api_key="unused")
+    res = client.embeddings.create(
+        model="all-MiniLM-L6-v2", input=REAL_TEXTS[:3]
+    )  # base64 by default
+    got = np.array([d.embedding for d in res.data])
+    ref = sentence_transformer.encode(REAL_TEXTS[:3], convert_to_numpy=True)
+    assert got.shape == (3, 384)
+    assert (got * ref).sum(1).min() >= 0.9999
+    assert res.usage.total_tokens > 0
+    floats = client.embeddings.create(
+        model="m", input="hello", encoding_format="float", dimensions=64
+    )
+    assert len(floats.data[0].embedding) == 64
+    assert client.models.list().data[0].id == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def test_concurrent_single_text_requests_are_batched(live):
+    async def storm():
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as c:
+
+            async def one(i):
+                return await c.post(
+                    "/encode", json={"inputs": f"sentence number {i} " * (1 + i % 7)}
+                )
+
+            return await asyncio.gather(*(one(i) for i in range(200)))
+
+    before = batch_size_counts(live)
+    responses = asyncio.run(storm())
+    assert all(r.status_code == 200 for r in responses)
+    after = batch_size_counts(live)
+    batches = after["count"] - before["count"]
+    texts = after["sum"] - before["sum"]
+    assert texts == 200
+    assert batches < 200 / 2, f"{batches} batches for 200 concurrent texts"
+
+
+def batch_size_counts(live) -> dict[str, float]:
+    text = httpx.get(f"{live.url}/metrics").text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "headwise_batch_size":
+            for s in family.samples:
+                if s.labels.get("path") == "encode" and s.name.endswith(("_count", "_sum")):
+                    out[s.name.rsplit("_", 1)[1]] = s.value
+    return out
+
+
+def test_metrics_scrape_parses_with_prometheus_client(live):
+    httpx.post(f"{live.url}/encode", json={"inputs": "x"})
+    names = {f.name for f in text_string_to_metric_families(httpx.get(f"{live.url}/metrics").text)}
+    assert {
+        "headwise_requests",
+        "headwise_batch_size",
+        "headwise_queue_depth",
+        "headwise_model_info",
+    } <= names
+
+
+def test_sigterm_finishes_in_flight_requests_and_exits_zero(default_bundle, tmp_path):
+    with serve(default_bundle, tmp_path) as server:
+
+        async def flood():
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+                text = "a long text to keep the model busy for a while " * 20
+                tasks = [
+                    asyncio.create_task(c.post("/encode", json={"inputs": [text] * 8}))
+                    for _ in range(24)
+                ]
+                await asyncio.sleep(0.3)  # the requests are accepted and queued
+                server.process.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.5)
+                try:  # a new connection after SIGTERM is refused
+                    async with httpx.AsyncClient(base_url=server.url, timeout=5) as fresh:
+                        late = (await fresh.post("/encode", json={"inputs": "late"})).status_code
+                except httpx.ConnectError:
+                    late = "refused"
+                return await asyncio.gather(*tasks, return_exceptions=True), late
+
+        t0 = time.monotonic()
+        results, late = asyncio.run(flood())
+        code = server.process.wait(60)
+        elapsed = time.monotonic() - t0
+    statuses = [
+        r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in results
+    ]
+    assert code == 0, server.output()
+    assert late in ("refused", 503)
+    assert statuses.count(200) == len(results), statuses
+    assert elapsed < 60
+    assert "all accepted requests answered" in server.output()

@@ -103,7 +103,9 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, int]:
             continue
         loc = tuple(err.get("loc", ()))
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        if loc == ("body",) and err.get("type") in ("model_attributes_type", "dict_type"):
+        if loc == ("body",) and err.get("type") == "missing":
+            msg = "request body is empty: send a JSON object (Content-Type: application/json)"
+        elif loc == ("body",) and err.get("type") in ("model_attributes_type", "dict_type"):
             msg = "request body must be a JSON object (Content-Type: application/json)"
         elif err.get("type") == "extra_forbidden":
             msg = "unknown field"
@@ -133,7 +135,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
-        if exc.status_code == 404:
+        if exc.status_code == 400 and message == "There was an error parsing the body":
+            message = "request body could not be parsed as JSON (malformed, nested too deep, or not UTF-8)"
+        elif exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"

@@ -7,20 +7,36 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 
+def _check_unicode(text: str, what: str) -> None:
+    """JSON may carry lone surrogates (\\ud800) that are not valid Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is invalid Unicode: unpaired surrogate at {exc.start}") from None
+
+
 def _texts(value: Any) -> str | list[str]:
     """A string or a list of strings, with an error that says which item is wrong and why."""
     if isinstance(value, str):
+        _check_unicode(value, "the text")
         return value
     if not isinstance(value, list):
         raise ValueError(f"must be a string or a list of strings, not {type(value).__name__}")
     for i, item in enumerate(value):
         if isinstance(item, str):
+            _check_unicode(item, f"item {i}")
             continue
         if isinstance(item, int | list) and not isinstance(item, bool):
             raise ValueError(
                 f"item {i} is not a string: token-id arrays are not accepted, send text"
             )
         raise ValueError(f"item {i} must be a string, not {type(item).__name__}")
+    return value
+
+
+def _one_text(value: Any) -> Any:
+    if isinstance(value, str):
+        _check_unicode(value, "the text")
     return value
 
 
@@ -56,7 +72,7 @@ class TokenizeRequest(Strict):
 
 
 class AttentionRequest(Strict):
-    input: StrictStr
+    input: Annotated[StrictStr, BeforeValidator(_one_text)]
     layers: list[StrictInt] | None = Field(None, description="layer indices; all when null")
     heads: list[StrictInt] | None = Field(None, description="head indices; all when null")
     truncate: StrictBool = Field(

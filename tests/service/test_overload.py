@@ -1,0 +1,156 @@
+"""Overload, deadlines and disconnects: answered quickly, nothing lost, nothing computed twice."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from service.app import create_app
+from service.runtime import OnnxEncoder
+from service.settings import Settings
+from tests.live import free_port, serve
+from tests.service.conftest import client_for
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@pytest.mark.slow
+def test_storm_is_answered_429_quickly_and_accepted_requests_complete(default_bundle, tmp_path):
+    total, concurrency = 3000, 300
+    env = {"HEADWISE_MAX_QUEUE_TEXTS": "64", "HEADWISE_ATTENTION_ENABLED": "false"}
+    with serve(default_bundle, tmp_path, env=env) as server:
+        rss_before = peak_rss_mb(server.process.pid)
+
+        async def storm():
+            limits = httpx.Limits(
+                max_connections=concurrency, max_keepalive_connections=concurrency
+            )
+            async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as c:
+                sem = asyncio.Semaphore(concurrency)
+                text = "overload is answered with 429 and a Retry-After header " * 3
+
+                async def one(i):
+                    async with sem:
+                        t0 = time.monotonic()
+                        r = await c.post("/encode", json={"inputs": f"{i} {text}"})
+                        return r, time.monotonic() - t0
+
+                return await asyncio.gather(*(one(i) for i in range(total)))
+
+        t0 = time.monotonic()
+        results = asyncio.run(asyncio.wait_for(storm(), 300))
+        elapsed = time.monotonic() - t0
+        codes = [r.status_code for r, _ in results]
+        ok = [(r, s) for r, s in results if r.status_code == 200]
+        refused = [(r, s) for r, s in results if r.status_code == 429]
+        assert len(ok) + len(refused) == total, {c: codes.count(c) for c in set(codes)}
+        assert refused, "the storm never filled the queue"
+        assert all(r.headers.get("retry-after") for r, _ in refused)
+        assert all(len(r.json()["embeddings"][0]) == 384 for r, _ in ok)
+        # A refusal costs less than being served: it never waits for the model.
+        assert statistics.median(s for _, s in refused) < statistics.median(s for _, s in ok)
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        assert httpx.post(f"{server.url}/encode", json={"inputs": "after"}).status_code == 200
+        peak = peak_rss_mb(server.process.pid)
+        print(
+            f"\nstorm: {total} requests at {concurrency} connections in {elapsed:.1f}s: "
+            f"{len(ok)} x 200, {len(refused)} x 429; peak RSS {rss_before:.0f} -> {peak:.0f} MB"
+        )
+        assert peak < rss_before + 500  # bounded queue, bounded memory
+
+
+class GatedEncoder(OnnxEncoder):
+    """The real backend, held at a gate, recording every sequence it computes."""
+
+    gate: threading.Event
+    seen: list[list[int]]
+
+    def embed(self, ids, mask):
+        self.gate.wait(10)
+        self.seen.extend(row[m.astype(bool)].tolist() for row, m in zip(ids, mask, strict=True))
+        return super().embed(ids, mask)
+
+
+def gated_factory():
+    gate, seen = threading.Event(), []
+
+    def factory(bundle, settings):
+        backend = GatedEncoder(bundle, settings)
+        backend.gate, backend.seen = gate, seen
+        return backend
+
+    return factory, gate, seen
+
+
+def test_deadline_answers_503_and_frees_the_slot(tiny_bundle):
+    factory, gate, seen = gated_factory()
+    gate.set()
+    with client_for(tiny_bundle, backend_factory=factory, request_timeout_s=0.5, warmup=False) as c:
+        gate.clear()
+        t0 = time.monotonic()
+        r = c.post("/encode", json={"inputs": "stuck behind a slow batch"})
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert "did not finish within 0.5 s" in r.json()["error"]["message"]
+        assert time.monotonic() - t0 < 5
+        gate.set()
+        assert c.post("/encode", json={"inputs": "next"}).status_code == 200
+        assert c.app.state.batcher.depth == 0
+
+
+def test_a_client_that_disconnects_mid_queue_costs_no_compute(tiny_bundle):
+    factory, gate, seen = gated_factory()
+    gate.set()
+    settings = Settings(bundle=tiny_bundle, warmup=False, port=free_port())
+    app = create_app(settings, backend_factory=factory)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{settings.port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        gate.clear()
+        blocker = threading.Thread(
+            target=lambda: httpx.post(f"{url}/encode", json={"inputs": "blocker"})
+        )
+        blocker.start()
+        time.sleep(0.3)  # the blocker's batch is in the backend, held at the gate
+        body = b'{"inputs": "zebra zebra zebra zebra"}'
+        with socket.create_connection(("127.0.0.1", settings.port)) as s:
+            s.sendall(
+                b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
+            time.sleep(0.3)  # queued behind the blocker
+        time.sleep(0.3)  # the server notices the closed connection
+        gate.set()
+        blocker.join(10)
+        assert httpx.post(f"{url}/encode", json={"inputs": "after"}).status_code == 200
+        zebra = httpx.post(f"{url}/tokenize", json={"inputs": "zebra"}).json()["results"][0]["ids"][
+            1
+        ]
+        assert not any(zebra in row for row in seen), "the disconnected request was computed"
+        assert any(len(row) > 0 for row in seen)
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 
+import onnxruntime as ort
 import uvicorn
 
 from service.bundle import BundleError, load_bundle
-from service.runtime import DeviceUnavailable
+from service.runtime import DeviceUnavailable, choose_providers
 from service.settings import Settings
 
 log = logging.getLogger("headwise")
@@ -38,7 +39,9 @@ def serve_command(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     try:
         bundle = load_bundle(settings.bundle, verify=settings.verify_bundle)
-    except BundleError as exc:
+        # Fail before binding the port when the settings demand a GPU that is not there.
+        choose_providers(settings.device, ort.get_available_providers())
+    except (BundleError, DeviceUnavailable) as exc:
         log.error("cannot serve: %s", exc)
         return 1
     from service.app import create_app
@@ -54,10 +57,6 @@ def serve_command(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     server = DrainingServer(config)
-    try:
-        server.run()
-    except DeviceUnavailable as exc:
-        log.error("cannot serve: %s", exc)
-        return 1
+    server.run()
     # uvicorn reports a failed startup (lifespan error) by leaving started False.
     return 0 if server.started else 1

@@ -80,8 +80,9 @@ class OnnxEncoder:
         self.tokenizer.enable_truncation(max_length=bundle.max_length)
         providers = choose_providers(settings.device, ort.get_available_providers())
         graph = choose_graph(bundle, settings.precision, providers[0] == CUDA)
-        sessions = 1 + int(settings.attention_enabled)
-        self.session = self._session(bundle.graph_path(graph), providers, settings, sessions)
+        self.session = self._session(
+            bundle.graph_path(graph), providers, settings, settings.spinning
+        )
         used = self.session.get_providers()
         if settings.device == "cuda" and CUDA not in used:
             raise DeviceUnavailable(f"CUDA provider failed to start for {graph}; providers: {used}")
@@ -91,23 +92,24 @@ class OnnxEncoder:
         self.attention_session = None
         if settings.attention_enabled:
             # Attention maps are fp32 on purpose: they are for looking at, not for speed.
+            # Its threads never spin: an idle debug session must not steal the encoder's cores.
             self.attention_session = self._session(
-                bundle.graph_path("attention"), used, settings, sessions
+                bundle.graph_path("attention"), used, settings, False
             )
         log.info("serving %s (%s) on %s", graph, self.info.precision, used[0])
 
     @staticmethod
     def _session(
-        path, providers: list[str], settings: Settings, sessions: int
+        path, providers: list[str], settings: Settings, spin: bool
     ) -> ort.InferenceSession:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.intra_op_num_threads = settings.threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # Spinning threads of several sessions fight for the cores (measured ~5x slower).
-        spin = "1" if settings.spinning and sessions == 1 else "0"
-        opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        # Spinning cuts the wake-up latency of every parallel op; several sessions spinning at
+        # once fight for the cores (measured ~5x slower), so only the serving session spins.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         opts.log_severity_level = 3
         return ort.InferenceSession(str(path), opts, providers=providers)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -197,3 +198,171 @@ def test_server_errors_are_shown_in_the_page(page, live: Live) -> None:
     assert page.locator("#heatmap rect.cell").count() == limit * limit
     assert "cut" in page.locator("#status").inner_text()
     assert page.js_errors == []
+
+
+def canvas_pixels(page, selector: str, cells: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """The RGB of the backing-store pixel at the centre of each (query, key) cell of a canvas map."""
+    return [
+        tuple(rgb)
+        for rgb in page.evaluate(
+            """([selector, cells]) => {
+                const cv = document.querySelector(selector), n = +cv.dataset.rows;
+                const ctx = cv.getContext('2d');
+                return cells.map(([q, k]) => {
+                    const x = Math.floor(((k + 0.5) * cv.width) / n);
+                    const y = Math.floor(((q + 0.5) * cv.height) / n);
+                    return [...ctx.getImageData(x, y, 1, 1).data.slice(0, 3)];
+                });
+            }""",
+            [selector, cells],
+        )
+    ]
+
+
+def hover_canvas_cell(page, q: int, k: int, n: int) -> None:
+    box = page.locator("#heatmap-canvas").bounding_box()
+    assert box is not None
+    page.mouse.move(
+        box["x"] + (k + 0.5) * box["width"] / n, box["y"] + (q + 0.5) * box["height"] / n
+    )
+
+
+DARKEST = (
+    0x08,
+    0x30,
+    0x6B,
+)  # the top of the page's colour scale, given to each head's largest weight
+
+
+def test_canvas_rendering(page, live: Live) -> None:
+    """?render=canvas paints the maps on canvases (as the page does by itself for long inputs)."""
+    tokens = post(live, "/tokenize", {"inputs": TEXT})["results"][0]["tokens"]
+    n = len(tokens)
+    page.goto(f"{live.url}/attention/view?render=canvas")
+    enter_key(page)
+    page.fill("#text", TEXT)
+    page.select_option("#head", "1")
+    page.get_by_role("button", name="Show").click()
+    wait_state(page, "ready")
+
+    # One canvas holds the cells, the SVG only the labels: every token on both axes.
+    assert page.locator("#heatmap").get_attribute("data-render") == "canvas"
+    canvas = page.locator("#heatmap canvas#heatmap-canvas")
+    assert canvas.get_attribute("data-rows") == str(n)
+    assert canvas.get_attribute("data-cols") == str(n)
+    assert canvas.get_attribute("data-cells") == str(n * n)
+    assert page.locator("#heatmap rect.cell").count() == 0
+    assert page.locator("#heatmap text.xlabel").all_text_contents() == tokens
+    assert page.locator("#heatmap text.ylabel").all_text_contents() == tokens
+
+    # The colours follow the weights: the head's largest is the darkest blue, and over all cells
+    # a larger weight is never lighter (the scale's RGB sum falls from white to dark blue).
+    ref = post(live, "/attention", {"input": TEXT, "layers": [0], "heads": [1]})["attentions"][0][0]
+    cells = [(q, k) for q in range(n) for k in range(n)]
+    pixels = dict(zip(cells, canvas_pixels(page, "#heatmap-canvas", cells), strict=True))
+    hi = max(cells, key=lambda c: ref[c[0]][c[1]])
+    lo = min(cells, key=lambda c: ref[c[0]][c[1]])
+    assert ref[hi[0]][hi[1]] > 2 * ref[lo[0]][lo[1]]
+    assert pixels[hi] == DARKEST
+    assert all(a < b for a, b in zip(pixels[hi], pixels[lo], strict=True)), (pixels[hi], pixels[lo])
+    by_weight = sorted(cells, key=lambda c: ref[c[0]][c[1]])
+    sums = [sum(pixels[c]) for c in by_weight]
+    assert all(a >= b for a, b in pairwise(sums)), "a larger weight drawn lighter"
+
+    # Hovering finds the cell from the mouse position: its tokens, weight, box and labels.
+    tip = page.locator("#tooltip")
+    for q, k in [(1, 2), (n - 1, 0), hi]:
+        hover_canvas_cell(page, q, k, n)
+        tip.wait_for(state="visible")
+        text = tip.inner_text()
+        assert tokens[q] in text and tokens[k] in text, text
+        assert f"q{q} " in text and f"k{k}" in text and f"{ref[q][k]:.4f}" in text, text
+        assert page.locator("#heatmap text.ylabel.hl").get_attribute("data-i") == str(q)
+        assert page.locator("#heatmap text.xlabel.hl").get_attribute("data-i") == str(k)
+        assert page.locator("#hover-box").get_attribute("visibility") == "visible"
+    page.mouse.move(0, 0)
+    tip.wait_for(state="hidden")
+
+    # Small multiples: one canvas per head, each with every cell, each clickable.
+    page.get_by_role("button", name="All heads of this layer").click()
+    minis = page.locator("#multiples .multiple canvas.mini-canvas")
+    minis.first.wait_for()
+    assert minis.count() == 4
+    assert page.locator("#multiples rect.cell").count() == 0
+    for i in range(4):
+        assert minis.nth(i).get_attribute("data-cells") == str(n * n)
+    mini = "#multiples .multiple[data-head='1'] canvas"
+    assert canvas_pixels(page, mini, [hi]) == [DARKEST]
+    page.locator("#multiples .multiple[data-head='3'] canvas").click()
+    assert page.locator("#head").input_value() == "3"
+    assert "Layer 0 · head 3" in page.locator("#map-title").inner_text()
+    assert page.locator("#multiples .multiple.selected").get_attribute("data-head") == "3"
+    assert canvas.get_attribute("data-cells") == str(n * n)
+
+    page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_function("window.scrollY === 0")
+    hover_canvas_cell(page, 1, 2, n)
+    tip.wait_for(state="visible")
+    screenshot(page, "attention-canvas.png")
+    assert page.js_errors == []
+
+
+# A synthetic /attention payload drawn through the page's window.headwise.render hook.
+FAKE_PAYLOAD_JS = """
+([n, heads]) => {
+    let seed = 12345;
+    const rand = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648);
+    const tokens = Array.from({ length: n }, (_, i) => (i === 0 ? "[CLS]" : i === n - 1 ? "[SEP]" : "tok" + i));
+    const attentions = [Array.from({ length: heads }, (_, h) => Array.from({ length: n }, (_, q) => {
+        const row = Array.from({ length: n }, (_, k) => rand() ** 4 + (k === (q + h) % n ? 3 : 0));
+        const s = row.reduce((a, b) => a + b, 0);
+        return row.map((v) => v / s);
+    }))];
+    const stats = Array.from({ length: heads }, (_, h) => ({
+        layer: 0, head: h, entropy: 1 + h / 10, max_weight: 0.5, cls_mass: 0.1,
+        sep_mass: 0.1, mean_distance: h, diagonal_mass: 0.2,
+    }));
+    const imp = Array.from({ length: n }, () => rand());
+    return {
+        tokens, layers: [0], heads: Array.from({ length: heads }, (_, h) => h), attentions, stats,
+        importance: { cls_last_layer: imp, rollout: imp }, truncated: false,
+    };
+}
+"""
+
+TIME_RENDER_JS = """
+async (fn) => {
+    const painted = () => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+    const t0 = performance.now();
+    fn === "map" ? window.headwise.render(window.fake) : document.getElementById("all-heads").click();
+    const t1 = performance.now();
+    await painted();
+    return [t1 - t0, performance.now() - t0];
+}
+"""
+
+
+def test_long_inputs_are_painted_on_canvases(page, live: Live) -> None:
+    """At 256 tokens the page picks canvases by itself; the SVG alternative is timed for comparison."""
+    n, heads = 256, 12
+    page.evaluate(f"window.fake = ({FAKE_PAYLOAD_JS})([{n}, {heads}])")
+    timings = {}
+    timings["canvas map"] = page.evaluate(TIME_RENDER_JS, "map")
+    assert page.locator("#heatmap").get_attribute("data-render") == "canvas"
+    assert page.locator("#heatmap-canvas").get_attribute("data-cells") == str(n * n)
+    assert page.locator("#heatmap rect.cell").count() == 0
+    labels = page.locator("#heatmap text.xlabel").count()
+    assert 8 <= labels < n, "labels are thinned out on a dense map"
+    timings["canvas small maps"] = page.evaluate(TIME_RENDER_JS, "heads")
+    minis = page.locator("#multiples canvas.mini-canvas")
+    assert minis.count() == heads
+    assert {minis.nth(i).get_attribute("data-cells") for i in range(heads)} == {str(n * n)}
+    assert page.js_errors == []
+
+    page.goto(f"{live.url}/attention/view?render=svg")
+    page.evaluate(f"window.fake = ({FAKE_PAYLOAD_JS})([{n}, {heads}])")
+    timings["svg map"] = page.evaluate(TIME_RENDER_JS, "map")
+    assert page.locator("#heatmap").get_attribute("data-render") == "svg"
+    assert page.locator("#heatmap rect.cell").count() == n * n
+    for name, (run_ms, painted_ms) in timings.items():
+        print(f"{name} {n}x{n}: {run_ms:.0f} ms to run, {painted_ms:.0f} ms to the next frame")

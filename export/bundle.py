@@ -115,10 +115,17 @@ def build_bundle(loaded: LoadedModel, out: Path, options: ExportOptions = Export
             graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity)
         if options.int8:
             path = tmp / "encoder.int8.onnx"
-            counts = optimize.to_int8(fused_path, path)
+
+            def int8_min_cosine(candidate: Path) -> float:
+                return verify.compare(
+                    "encoder.onnx", _run(candidate, ids, mask)[0], fp32
+                ).min_cosine
+
+            report = optimize.to_int8(fused_path, path, int8_min_cosine, verify.INT8_TARGET_COSINE)
             parity = verify.compare("encoder.onnx", _run(path, ids, mask)[0], fp32)
             verify.require(parity, path.name, verify.INT8_MIN_COSINE)
-            graphs["encoder_int8"] = _graph_entry(path, "int8", counts, parity)
+            graphs["encoder_int8"] = _graph_entry(path, "int8", report.op_counts, parity)
+            graphs["encoder_int8"]["kept_fp32"] = report.kept_fp32
 
         manifest = {
             "format": FORMAT_VERSION,

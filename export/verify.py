@@ -29,6 +29,7 @@ PROBE_TEXTS = [
 
 FP32_MIN_COSINE = 0.99999
 FP16_MIN_COSINE = 0.999
+INT8_TARGET_COSINE = 0.99  # sensitive nodes stay fp32 until the probe set reaches this
 INT8_MIN_COSINE = 0.95  # floor against a broken quantiser; the figure itself is recorded
 ATTENTION_MAX_ABS = 1e-4
 

@@ -61,7 +61,7 @@ class BatchPolicy:
     max_batch_size: int = 64
     max_wait_s: float = 0.002
     max_padding_ratio: float = 0.1
-    padding_slack: int = 2  # a few padding tokens are cheaper than a separate run
+    padding_slack: int = 8  # a few padding tokens are cheaper than a separate run
     max_queue: int = 4096
     window: int = 8  # look at this many batches' worth of the oldest texts when grouping
 
@@ -242,6 +242,8 @@ class DynamicBatcher:
             started = time.monotonic()
             for it in batch:
                 it.started = started
+            # Always on the inference thread, never inline: a stuck backend must not stall the
+            # event loop (health checks, deadlines and refusals keep working).
             out = await loop.run_in_executor(self._executor, self._infer, ids, mask)
             seconds = time.monotonic() - started
             if len(out) != len(batch):

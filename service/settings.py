@@ -26,9 +26,7 @@ class Settings(BaseSettings):
         "auto", description="auto: fp16 graph on CUDA when the bundle has one, fp32 on CPU"
     )
     threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = one per core")
-    spinning: bool = Field(
-        False, description="let ORT threads spin between runs (one session only)"
-    )
+    spinning: bool = Field(True, description="let ORT threads spin between runs (one session only)")
     warmup: bool = True
     verify_bundle: bool = Field(True, description="check every file's sha256 against the manifest")
 
@@ -40,6 +38,11 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch may wait to fill up")
     max_padding_ratio: float = Field(
         0.1, ge=0, le=1, description="stop growing a batch when padding would exceed this share"
+    )
+    padding_slack_tokens: int = Field(
+        8,
+        ge=0,
+        description="padding tokens a batch may add past max_padding_ratio (cheaper than a run)",
     )
     max_queue_texts: int = Field(4096, ge=1, description="texts waiting; more is answered 429")
     request_timeout_s: float = Field(30.0, gt=0, description="a request's deadline; then 503")

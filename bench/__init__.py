@@ -1,0 +1,1 @@
+"""`make bench`: headwise through HTTP against the limits it should approach, in one run."""

@@ -1,0 +1,221 @@
+"""python -m bench --bundle B [--url URL] [--peer URL] [--json FILE]
+
+One run measures headwise through HTTP (one text per request, several concurrencies) and, on
+the same machine and corpus, the limits to compare against: the bundle's graph called directly
+on length-sorted batches, one direct call's latency, sentence-transformers' encode, the int8
+graph, ONNX Runtime's GEMM peak. Prints a markdown table of ratios; writes JSON for the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from bench import baselines, corpus
+from bench.loadgen import LoadResult, build_requests, run_load
+from bench.report import render
+
+log = logging.getLogger("bench")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read()
+
+
+def start_server(bundle: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--bundle",
+            str(bundle),
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "HEADWISE_LOG_LEVEL": "warning", **env},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            get(f"{url}/ready")
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not become ready")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Counters of the encode path, for padding and batch figures over a run."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(get(f"{url}/metrics").decode()):
+        for s in family.samples:
+            if s.labels.get("path") == "encode":
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def load(
+    url: str, path: str, texts: list[str], concurrency: int, total: int, openai: bool = False
+) -> LoadResult:
+    requests = build_requests(url, path, texts, openai=openai)
+    asyncio.run(run_load(url, requests, concurrency, min(total, 64)))  # warm connections
+    return asyncio.run(run_load(url, requests, concurrency, total))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench")
+    p.add_argument("--bundle", type=Path, default=Path("bundles/default"))
+    p.add_argument("--url", help="measure this running server instead of starting one")
+    p.add_argument(
+        "--peer", help="another server speaking /v1/embeddings, measured under the same load"
+    )
+    p.add_argument("--texts", type=int, default=512)
+    p.add_argument("--concurrency", default="1,8,32,64")
+    p.add_argument("--requests", type=int, default=1536, help="requests per concurrency level")
+    p.add_argument("--json", type=Path, default=Path("bench/results/latest.json"))
+    p.add_argument(
+        "--server-env", action="append", default=[], help="KEY=VALUE for the started server"
+    )
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    manifest = json.loads((args.bundle / "manifest.json").read_text())
+    d, layers, d_ff = manifest["d_model"], manifest["num_layers"], manifest["d_ff"]
+    texts = corpus.sentences(args.texts)
+    sequences = baselines.tokenize(args.bundle / "tokenizer.json", texts)
+    lengths = np.array([len(s) for s in sequences])
+    flops = sum(baselines.flops_per_text(int(n), d, d_ff, layers) for n in lengths) / len(texts)
+    results: dict = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "corpus": {
+            "texts": len(texts),
+            "sha": corpus.fingerprint(texts),
+            "tokens_mean": float(lengths.mean()),
+            "tokens_min": int(lengths.min()),
+            "tokens_max": int(lengths.max()),
+        },
+        "model": manifest["model"]["name"],
+        "flops_per_text": flops,
+    }
+
+    log.info("GEMM peak …")
+    results["gemm_peak_gflops"] = baselines.gemm_peak(d, d_ff)
+    log.info("graph direct, length-sorted batches of 32 …")
+    rate, fp32 = baselines.graph_direct(args.bundle / "encoder.onnx", sequences)
+    results["graph_direct"] = rate
+    short = min(sequences, key=len)
+    results["single_call_latency_s"] = baselines.single_call_latency(
+        args.bundle / "encoder.onnx", short
+    )
+    if "encoder_int8" in manifest["graphs"]:
+        log.info("int8 graph …")
+        rate8, int8 = baselines.graph_direct(
+            args.bundle / manifest["graphs"]["encoder_int8"]["file"], sequences
+        )
+        lo, mean = baselines.min_cosine(int8, fp32)
+        results["int8"] = {"graph_direct": rate8, "min_cosine": lo, "mean_cosine": mean}
+    log.info("sentence-transformers …")
+    source = Path(manifest["model"]["source"])
+    results["sentence_transformers"] = (
+        baselines.sentence_transformers_rate(source, texts) if source.exists() else None
+    )
+
+    proc = None
+    url = args.url
+    if url is None:
+        env = dict(kv.split("=", 1) for kv in args.server_env)
+        proc, url = start_server(args.bundle, {"HEADWISE_ATTENTION_ENABLED": "false", **env})
+    try:
+        runs = []
+        for c in [int(x) for x in args.concurrency.split(",")]:
+            total = args.requests if c > 1 else min(args.requests, 400)
+            log.info("HTTP load: concurrency %d, %d requests …", c, total)
+            before = scrape(url)
+            r = load(url, "/encode", texts, c, total)
+            after = scrape(url)
+            real = after.get("headwise_tokens_total", 0) - before.get("headwise_tokens_total", 0)
+            pad = after.get("headwise_padded_tokens_total", 0) - before.get(
+                "headwise_padded_tokens_total", 0
+            )
+            batches = after.get("headwise_batch_size_count", 0) - before.get(
+                "headwise_batch_size_count", 0
+            )
+            runs.append(
+                {
+                    "concurrency": c,
+                    "requests": r.requests,
+                    "errors": r.errors,
+                    "texts_per_s": r.rps,
+                    "p50_ms": r.percentile(50) * 1e3,
+                    "p95_ms": r.percentile(95) * 1e3,
+                    "p99_ms": r.percentile(99) * 1e3,
+                    "padding_ratio": 1 - real / pad if pad else None,
+                    "mean_batch": (
+                        after.get("headwise_batch_size_sum", 0)
+                        - before.get("headwise_batch_size_sum", 0)
+                    )
+                    / batches
+                    if batches
+                    else None,
+                    "tokens_per_s": r.rps * float(lengths.mean()),
+                }
+            )
+        results["http"] = runs
+        short_text = texts[min(range(len(texts)), key=lambda i: len(sequences[i]))]
+        log.info("HTTP latency: one short text, 1 client …")
+        r = load(url, "/encode", [short_text], 1, 300)
+        results["latency_short"] = {
+            "p50_ms": r.percentile(50) * 1e3,
+            "p95_ms": r.percentile(95) * 1e3,
+            "tokens": len(short),
+            "errors": r.errors,
+        }
+        if args.peer:
+            log.info("peer server %s …", args.peer)
+            r = load(args.peer, "/v1/embeddings", texts, 32, args.requests, openai=True)
+            results["peer"] = {"url": args.peer, "texts_per_s": r.rps, "errors": r.errors}
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(render(results))  # noqa: T201 - the table is the program's output
+    log.info("wrote %s", args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

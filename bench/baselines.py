@@ -1,0 +1,127 @@
+"""The limits headwise is measured against, computed in the same run."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+
+def session(path: Path, threads: int = 0) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def flops_per_text(n: int, d: int, d_ff: int, layers: int) -> float:
+    """Multiply-adds x2 of one encoder pass over n tokens: projections, FFN, QKᵀ and PV."""
+    return layers * (8 * n * d * d + 4 * n * d * d_ff + 4 * n * n * d)
+
+
+def gemm_peak(
+    d: int = 384, d_ff: int = 1536, m: int = 4096, threads: int = 0, repeats: int = 20
+) -> float:
+    """GFLOP/s of ONNX Runtime's own fp32 MatMul on the model's FFN shape (the work it is bound by)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    w = np.random.default_rng(0).standard_normal((d, d_ff)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, d_ff])],
+        [onnx.numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((m, d)).astype(np.float32)
+    for _ in range(3):
+        s.run(None, {"x": x})
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        s.run(None, {"x": x})
+        times.append(time.perf_counter() - t0)
+    return 2 * m * d * d_ff / statistics.median(times) / 1e9
+
+
+def tokenize(tokenizer_path: Path, texts: list[str]) -> list[list[int]]:
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    return [e.ids for e in tok.encode_batch(texts)]
+
+
+def padded(batch: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    n = max(len(s) for s in batch)
+    ids = np.zeros((len(batch), n), np.int64)
+    mask = np.zeros((len(batch), n), np.int64)
+    for i, s in enumerate(batch):
+        ids[i, : len(s)], mask[i, : len(s)] = s, 1
+    return ids, mask
+
+
+def graph_direct(
+    graph: Path, sequences: list[list[int]], batch_size: int = 32, rounds: int = 3
+) -> tuple[float, np.ndarray]:
+    """Texts/s of the graph alone on length-sorted batches (tokenised beforehand, not timed)."""
+    s = session(graph)
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    inputs = [padded([sequences[i] for i in b]) for b in batches]
+    out = np.zeros((len(sequences), s.get_outputs()[0].shape[1] or 0), np.float32)
+    s.run(None, {"input_ids": inputs[0][0], "attention_mask": inputs[0][1]})
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for b, (ids, mask) in zip(batches, inputs, strict=True):
+            out[b] = s.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        best = min(best, time.perf_counter() - t0)
+    return len(sequences) / best, out
+
+
+def single_call_latency(graph: Path, sequence: list[int], repeats: int = 200) -> float:
+    """Median seconds of one session call on one short text."""
+    s = session(graph)
+    ids, mask = padded([sequence])
+    feed = {"input_ids": ids, "attention_mask": mask}
+    for _ in range(10):
+        s.run(None, feed)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        s.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def sentence_transformers_rate(
+    model_dir: Path, texts: list[str], batch_size: int = 32
+) -> float | None:
+    try:
+        import torch
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return None
+    torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    model.encode(texts[:64], batch_size=batch_size)
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        model.encode(texts, batch_size=batch_size, show_progress_bar=False)
+        best = min(best, time.perf_counter() - t0)
+    return len(texts) / best
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    cos = (a * b).sum(1)
+    return float(cos.min()), float(cos.mean())

@@ -1,0 +1,88 @@
+"""The markdown table: every figure as a ratio against a baseline measured in the same run."""
+
+from __future__ import annotations
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "n/a"
+
+
+def render(r: dict) -> str:
+    direct = r["graph_direct"]
+    st = r.get("sentence_transformers")
+    peak = r["gemm_peak_gflops"]
+    flops = r["flops_per_text"]
+    http = {run["concurrency"]: run for run in r["http"]}
+    c32 = http.get(32) or http.get(max(http))
+    lines = [
+        f"headwise bench · {r['model']} · {r['corpus']['texts']} real sentences "
+        f"({r['corpus']['tokens_min']}-{r['corpus']['tokens_max']} tokens, mean {r['corpus']['tokens_mean']:.1f}) "
+        f"· {r['machine']['cores']} cores",
+        "",
+        "| what | texts/s | GFLOP/s | vs graph direct | vs sentence-transformers |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        f"| graph called directly, length-sorted batches of 32 | {direct:.0f} | {direct * flops / 1e9:.0f} | 1.00x | {_ratio(direct, st)} |",
+    ]
+    if st:
+        lines.append(
+            f"| sentence-transformers encode(batch_size=32) | {st:.0f} | {st * flops / 1e9:.0f} | {_ratio(st, direct)} | 1.00x |"
+        )
+    if "int8" in r:
+        i8 = r["int8"]
+        lines.append(
+            f"| int8 graph directly (min cos {i8['min_cosine']:.4f}, mean {i8['mean_cosine']:.4f}) | "
+            f"{i8['graph_direct']:.0f} | - | {_ratio(i8['graph_direct'], direct)} | {_ratio(i8['graph_direct'], st)} |"
+        )
+    for run in r["http"]:
+        lines.append(
+            f"| headwise HTTP /encode, 1 text/request, {run['concurrency']} clients | {run['texts_per_s']:.0f} | "
+            f"{run['texts_per_s'] * flops / 1e9:.0f} | {_ratio(run['texts_per_s'], direct)} | {_ratio(run['texts_per_s'], st)} |"
+        )
+    if "peer" in r:
+        p = r["peer"]
+        lines.append(
+            f"| peer {p['url']} /v1/embeddings, 32 clients | {p['texts_per_s']:.0f} | - | {_ratio(p['texts_per_s'], direct)} | {_ratio(p['texts_per_s'], st)} |"
+        )
+    lines += [
+        "",
+        "| HTTP run | p50 ms | p95 ms | p99 ms | mean batch | padding | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for run in r["http"]:
+        pad = f"{run['padding_ratio'] * 100:.1f} %" if run["padding_ratio"] is not None else "n/a"
+        batch = f"{run['mean_batch']:.1f}" if run["mean_batch"] else "n/a"
+        lines.append(
+            f"| {run['concurrency']} clients | {run['p50_ms']:.1f} | {run['p95_ms']:.1f} | {run['p99_ms']:.1f} | {batch} | {pad} | {run['errors']} |"
+        )
+    lines += ["", "| target | measured | goal |", "| --- | ---: | --- |"]
+    if c32:
+        lines.append(
+            f"| HTTP {c32['concurrency']} clients vs graph direct | {_ratio(c32['texts_per_s'], direct)} | >= 0.9x |"
+        )
+        lines.append(
+            f"| HTTP {c32['concurrency']} clients vs sentence-transformers | {_ratio(c32['texts_per_s'], st)} | >= 1.2x |"
+        )
+        if "peer" in r:
+            lines.append(
+                f"| HTTP vs peer server | {_ratio(c32['texts_per_s'], r['peer']['texts_per_s'])} | >= 1.4x |"
+            )
+        if c32["padding_ratio"] is not None:
+            lines.append(
+                f"| padding share at {c32['concurrency']} clients | {c32['padding_ratio'] * 100:.1f} % | <= 10 % |"
+            )
+    if "latency_short" in r:
+        ls = r["latency_short"]
+        lines.append(
+            f"| p50 of one short text ({ls['tokens']} tokens), 1 client, vs one direct call "
+            f"({r['single_call_latency_s'] * 1e3:.2f} ms) | {ls['p50_ms'] / 1e3 / r['single_call_latency_s']:.2f}x "
+            f"({ls['p50_ms']:.2f} ms) | <= 1.3x |"
+        )
+    if "int8" in r:
+        lines.append(
+            f"| int8 vs fp32 graph | {_ratio(r['int8']['graph_direct'], direct)} | >= 1.6x |"
+        )
+        lines.append(f"| int8 min cosine vs fp32 | {r['int8']['min_cosine']:.4f} | >= 0.99 |")
+    lines.append(
+        f"| graph direct vs ORT GEMM peak ({peak:.0f} GFLOP/s) | {direct * flops / 1e9 / peak * 100:.0f} % | - |"
+    )
+    return "\n".join(lines)

@@ -56,8 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="headwise export")
     add_arguments(p)
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Ours at INFO; ONNX Runtime's optimizer and quantiser log every node at INFO on the root.
+    for name in ("headwise", "export", "models"):
+        logging.getLogger(name).setLevel(logging.INFO)
     return run(p.parse_args(argv))
 
 

@@ -111,7 +111,7 @@ def sentence_transformers_rate(
         return None
     torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
     model = SentenceTransformer(str(model_dir), device="cpu")
-    model.encode(texts[:64], batch_size=batch_size)
+    model.encode(texts[:64], batch_size=batch_size, show_progress_bar=False)
     best = float("inf")
     for _ in range(2):
         t0 = time.perf_counter()

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 class ExportOptions:
     fp16: bool = False
     int8: bool = False
+    int8_min_cosine: float = verify.INT8_TARGET_COSINE
 
 
 def write_tokenizer(loaded: LoadedModel, out: Path) -> Tokenizer:
@@ -121,7 +122,7 @@ def build_bundle(loaded: LoadedModel, out: Path, options: ExportOptions = Export
                     "encoder.onnx", _run(candidate, ids, mask)[0], fp32
                 ).min_cosine
 
-            report = optimize.to_int8(fused_path, path, int8_min_cosine, verify.INT8_TARGET_COSINE)
+            report = optimize.to_int8(fused_path, path, int8_min_cosine, options.int8_min_cosine)
             parity = verify.compare("encoder.onnx", _run(path, ids, mask)[0], fp32)
             verify.require(parity, path.name, verify.INT8_MIN_COSINE)
             graphs["encoder_int8"] = _graph_entry(path, "int8", report.op_counts, parity)

@@ -24,6 +24,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, help="override the model's max sequence length")
     p.add_argument("--fp16", action="store_true", help="also write encoder.fp16.onnx (GPU)")
     p.add_argument("--int8", action="store_true", help="also write encoder.int8.onnx (CPU)")
+    p.add_argument(
+        "--int8-min-cosine",
+        type=float,
+        default=0.99,
+        help="keep the most sensitive nodes fp32 until int8 reaches this cosine to fp32 "
+        "on the probe texts (lower: faster, less exact; 0 quantises every MatMul)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +40,11 @@ def run(args: argparse.Namespace) -> int:
         folder, name = args.model, args.name
     try:
         loaded = load_pretrained(folder, name=name, max_length=args.max_length)
-        manifest = build_bundle(loaded, args.out, ExportOptions(fp16=args.fp16, int8=args.int8))
+        manifest = build_bundle(
+            loaded,
+            args.out,
+            ExportOptions(fp16=args.fp16, int8=args.int8, int8_min_cosine=args.int8_min_cosine),
+        )
     except (FileNotFoundError, WeightLoadError, ValueError, FusionError, ParityError) as exc:
         log.error("export failed: %s", exc)
         return 1

@@ -39,8 +39,8 @@ def serve_command(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     try:
         bundle = load_bundle(settings.bundle, verify=settings.verify_bundle)
-        # Fail before binding the port when the settings demand a GPU that is not there.
-        choose_providers(settings.device, ort.get_available_providers())
+        if settings.device == "cuda":  # fail before binding the port when the GPU is missing
+            choose_providers(settings.device, ort.get_available_providers())
     except (BundleError, DeviceUnavailable) as exc:
         log.error("cannot serve: %s", exc)
         return 1

@@ -92,6 +92,19 @@ def test_metrics_scrape_parses_with_prometheus_client(live):
     } <= names
 
 
+async def wait_until_in_flight(client: httpx.AsyncClient, n: int, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = (await client.get("/metrics")).text
+        for family in text_string_to_metric_families(text):
+            if family.name == "headwise_inflight_requests":
+                # The scrape itself is in flight too.
+                if family.samples[0].value >= n + 1:
+                    return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{n} requests never were in flight at once")
+
+
 def test_sigterm_finishes_in_flight_requests_and_exits_zero(default_bundle, tmp_path):
     with serve(default_bundle, tmp_path) as server:
 
@@ -102,7 +115,7 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero(default_bundle, tmp_
                     asyncio.create_task(c.post("/encode", json={"inputs": [text] * 8}))
                     for _ in range(24)
                 ]
-                await asyncio.sleep(0.3)  # the requests are accepted and queued
+                await wait_until_in_flight(c, 24)  # all accepted and queued, none answered yet
                 server.process.send_signal(signal.SIGTERM)
                 await asyncio.sleep(0.5)
                 try:  # a new connection after SIGTERM is refused

@@ -14,10 +14,7 @@ import json
 import logging
 import os
 import platform
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -25,48 +22,9 @@ import numpy as np
 from bench import baselines, corpus
 from bench.loadgen import LoadResult, build_requests, run_load
 from bench.report import render
+from bench.server import get, launch
 
 log = logging.getLogger("bench")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read()
-
-
-def start_server(bundle: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--bundle",
-            str(bundle),
-            "--port",
-            str(port),
-        ],
-        env={**os.environ, "HEADWISE_LOG_LEVEL": "warning", **env},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            get(f"{url}/ready")
-            return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -155,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url
     if url is None:
         env = dict(kv.split("=", 1) for kv in args.server_env)
-        proc, url = start_server(args.bundle, {"HEADWISE_ATTENTION_ENABLED": "false", **env})
+        proc, url = launch(args.bundle, {"HEADWISE_ATTENTION_ENABLED": "false", **env})
     try:
         runs = []
         for c in [int(x) for x in args.concurrency.split(",")]:

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.server import free_port, launch, stop  # noqa: F401 - free_port is re-exported
 
 
 @dataclass
@@ -36,45 +26,14 @@ class Live:
 def serve(
     bundle: Path, tmp: Path, env: dict[str, str] | None = None, ready_s: float = 90
 ) -> Iterator[Live]:
-    port = free_port()
-    log = tmp / f"server-{port}.log"
-    full_env = {**os.environ, "HEADWISE_LOG_LEVEL": "info", **(env or {})}
+    log = tmp / f"server-{time.monotonic_ns()}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "service.cli",
-                "serve",
-                "--bundle",
-                str(bundle),
-                "--port",
-                str(port),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-        )
-    live = Live(proc, f"http://127.0.0.1:{port}", log)
+        try:
+            proc, url = launch(bundle, {"HEADWISE_LOG_LEVEL": "info", **(env or {})}, out, ready_s)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}:\n{log.read_text(errors='replace')}") from exc
+    live = Live(proc, url, log)
     try:
-        deadline = time.monotonic() + ready_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{live.output()}")
-            try:
-                if httpx.get(f"{live.url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise RuntimeError(f"server not ready in {ready_s}s:\n{live.output()}")
         yield live
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)

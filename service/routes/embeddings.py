@@ -23,8 +23,14 @@ def _check_dimensions(dimensions: int | None, d_model: int, param: str = "dimens
         )
 
 
-async def _encode(request: Request, texts: list[str], truncate: bool) -> Encoded | Response:
+async def _encode(
+    request: Request, inputs: str | list[str], name: str, truncate: bool, dimensions: int | None
+) -> Encoded | Response:
+    """Validate, embed, and handle a client that went away (nothing to answer then)."""
     app = state(request)
+    texts = as_list(inputs, name)
+    check_texts(texts, app.settings, name)
+    _check_dimensions(dimensions, app.bundle.d_model)
     if not app.ready:
         raise Unavailable("model is loading", retry_after=2)
     async with disconnect_watch(request) as gone:
@@ -37,10 +43,7 @@ async def _encode(request: Request, texts: list[str], truncate: bool) -> Encoded
 @router.post("/encode", summary="Embed one text or a list of texts")
 async def encode(body: EncodeRequest, request: Request) -> Response:
     app = state(request)
-    texts = as_list(body.inputs, "inputs")
-    check_texts(texts, app.settings, "inputs")
-    _check_dimensions(body.dimensions, app.bundle.d_model)
-    result = await _encode(request, texts, body.truncate)
+    result = await _encode(request, body.inputs, "inputs", body.truncate, body.dimensions)
     if isinstance(result, Response):
         return result
     vectors = postprocess(result.vectors, body.normalize, body.dimensions)
@@ -60,10 +63,7 @@ def _b64(vector: np.ndarray) -> str:
 @router.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
 async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> Response:
     app = state(request)
-    texts = as_list(body.input, "input")
-    check_texts(texts, app.settings, "input")
-    _check_dimensions(body.dimensions, app.bundle.d_model)
-    result = await _encode(request, texts, truncate=True)
+    result = await _encode(request, body.input, "input", True, body.dimensions)
     if isinstance(result, Response):
         return result
     vectors = postprocess(result.vectors, True, body.dimensions)

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
+
+from bench.server import free_port, launch, stop  # noqa: F401 - re-exported to the tests
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -64,22 +62,6 @@ def drain_timeout_default() -> float:
     return float(Settings.model_fields["drain_timeout_s"].default)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @dataclass
 class Server:
     url: str
@@ -96,30 +78,13 @@ def isolated_env(**extra: str) -> dict[str, str]:
 def start_server(
     command: list[str], bundle: Path, log: Path, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen, Server]:
-    """`headwise serve` on a free loopback port, waited for until /ready answers 200."""
-    port = free_port()
-    full_env = {**(os.environ if env is None else env), "HEADWISE_HOST": "127.0.0.1"}
+    """`headwise serve` (from `command`) on a free loopback port, once /ready answers 200."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*command, "serve", "--bundle", str(bundle), "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=log.parent,
-        )
-    server = Server(f"http://127.0.0.1:{port}", port, log)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()}")
         try:
-            if httpx.get(f"{server.url}/ready", timeout=1).status_code == 200:
-                return proc, server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    stop(proc)
-    raise RuntimeError(f"server not ready in 90 s:\n{log.read_text()}")
+            proc, url = launch(bundle, None, out, 90, command=command, base_env=env, cwd=log.parent)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}:\n{log.read_text()}") from exc
+    return proc, Server(url, int(url.rsplit(":", 1)[1]), log)
 
 
 @pytest.fixture(scope="session")

@@ -41,8 +41,11 @@ def panels(dash: dict) -> list[dict]:
 
 def expressions(dash: dict) -> list[str]:
     exprs = [t["expr"] for p in panels(dash) for t in p.get("targets", [])]
-    exprs += [v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
-              for v in dash["templating"]["list"] if v["type"] == "query"]
+    exprs += [
+        v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+        for v in dash["templating"]["list"]
+        if v["type"] == "query"
+    ]
     return exprs
 
 
@@ -62,10 +65,13 @@ def seconds(duration: str) -> float:
 
 # ---- compose ------------------------------------------------------------------------------------
 
+
 def check_compose_schema(path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -98,16 +104,23 @@ def test_headwise_builds_the_gpu_image_and_reserves_a_gpu():
 def test_headwise_healthcheck_and_stop_grace():
     service = SERVICES["headwise"]
     assert "/opt/headwise/healthcheck.py" in service["healthcheck"]["test"]
-    drain_s = float(service.get("environment", {}).get("HEADWISE_DRAIN_TIMEOUT_S") or drain_timeout_default())
+    drain_s = float(
+        service.get("environment", {}).get("HEADWISE_DRAIN_TIMEOUT_S") or drain_timeout_default()
+    )
     assert service.get("stop_signal", "SIGTERM") == "SIGTERM"
-    assert seconds(service["stop_grace_period"]) >= drain_s + 5, "docker's default 10 s would cut the drain"
+    assert seconds(service["stop_grace_period"]) >= drain_s + 5, (
+        "docker's default 10 s would cut the drain"
+    )
 
 
 # ---- prometheus ---------------------------------------------------------------------------------
 
+
 def test_prometheus_scrapes_the_headwise_service():
     service = SERVICES["prometheus"]
-    config_path = next(a.split("=", 1)[1] for a in service["command"] if a.startswith("--config.file="))
+    config_path = next(
+        a.split("=", 1)[1] for a in service["command"] if a.startswith("--config.file=")
+    )
     config = load_yaml(COMPOSE_FILE.parent / volume("prometheus", config_path))
     [job] = [j for j in config["scrape_configs"] if j["job_name"] == "headwise"]
     assert job.get("metrics_path", "/metrics") == "/metrics"
@@ -117,14 +130,21 @@ def test_prometheus_scrapes_the_headwise_service():
     assert port == "8000"
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (make system-deps)")
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool not installed (make system-deps)"
+)
 def test_prometheus_config_passes_promtool():
-    done = subprocess.run(["promtool", "check", "config", str(DOCKER / "prometheus.yml")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["promtool", "check", "config", str(DOCKER / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 # ---- grafana ------------------------------------------------------------------------------------
+
 
 def grafana_mount(target: str):
     return (COMPOSE_FILE.parent / volume("grafana", target)).resolve()
@@ -133,8 +153,11 @@ def grafana_mount(target: str):
 def test_grafana_datasource_points_at_the_prometheus_service():
     provisioning = grafana_mount("/etc/grafana/provisioning")
     assert provisioning == DOCKER / "grafana" / "provisioning"
-    [source] = [d for f in sorted((provisioning / "datasources").glob("*.yaml"))
-                for d in load_yaml(f)["datasources"]]
+    [source] = [
+        d
+        for f in sorted((provisioning / "datasources").glob("*.yaml"))
+        for d in load_yaml(f)["datasources"]
+    ]
     assert source["type"] == "prometheus"
     assert source["url"] == "http://prometheus:9090"
     assert source["uid"] == "prometheus"
@@ -142,8 +165,11 @@ def test_grafana_datasource_points_at_the_prometheus_service():
 
 def test_grafana_dashboard_provider_loads_the_mounted_folder():
     provisioning = grafana_mount("/etc/grafana/provisioning")
-    [provider] = [p for f in sorted((provisioning / "dashboards").glob("*.yaml"))
-                  for p in load_yaml(f)["providers"]]
+    [provider] = [
+        p
+        for f in sorted((provisioning / "dashboards").glob("*.yaml"))
+        for p in load_yaml(f)["providers"]
+    ]
     assert provider["type"] == "file"
     path = provider["options"]["path"]
     assert grafana_mount(path) == DASHBOARD_FILE.parent
@@ -153,6 +179,7 @@ def test_grafana_dashboard_provider_loads_the_mounted_folder():
 
 # ---- dashboard ----------------------------------------------------------------------------------
 
+
 def test_dashboard_is_valid_and_laid_out():
     dash = dashboard()
     assert dash["uid"] == "headwise" and dash["title"]
@@ -161,9 +188,13 @@ def test_dashboard_is_valid_and_laid_out():
     boxes = [p["gridPos"] for p in panels(dash)]
     for i, a in enumerate(boxes):
         assert a["x"] + a["w"] <= 24
-        for b in boxes[i + 1:]:
-            overlap = (a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"]
-                       and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"])
+        for b in boxes[i + 1 :]:
+            overlap = (
+                a["x"] < b["x"] + b["w"]
+                and b["x"] < a["x"] + a["w"]
+                and a["y"] < b["y"] + b["h"]
+                and b["y"] < a["y"] + a["h"]
+            )
             assert not overlap, (a, b)
     for p in panels(dash):
         if p["type"] != "row":
@@ -189,18 +220,28 @@ def test_dashboard_has_the_required_panels():
             for name in METRIC.findall(t["expr"]):
                 by_metric.setdefault(name, []).append((p, t["expr"]))
     required = [
-        "headwise_requests_total", "headwise_request_duration_seconds_bucket", "headwise_queue_depth",
-        "headwise_queue_duration_seconds_sum", "headwise_inference_duration_seconds_sum",
-        "headwise_batch_size_sum", "headwise_batch_tokens_sum", "headwise_padding_ratio",
+        "headwise_requests_total",
+        "headwise_request_duration_seconds_bucket",
+        "headwise_queue_depth",
+        "headwise_queue_duration_seconds_sum",
+        "headwise_inference_duration_seconds_sum",
+        "headwise_batch_size_sum",
+        "headwise_batch_tokens_sum",
+        "headwise_padding_ratio",
         "headwise_model_info",
     ]
     missing = [m for m in required if m not in by_metric]
     assert not missing, missing
     # Requests by endpoint and status.
-    assert any("by (endpoint, status)" in e and "rate(" in e for _, e in by_metric["headwise_requests_total"])
+    assert any(
+        "by (endpoint, status)" in e and "rate(" in e
+        for _, e in by_metric["headwise_requests_total"]
+    )
     # p50 / p95 / p99 latency from the histogram.
-    quantiles = {re.search(r"histogram_quantile\((0\.\d+)", e).group(1)
-                 for _, e in by_metric["headwise_request_duration_seconds_bucket"]}
+    quantiles = {
+        re.search(r"histogram_quantile\((0\.\d+)", e).group(1)
+        for _, e in by_metric["headwise_request_duration_seconds_bucket"]
+    }
     assert {"0.50", "0.95", "0.99"} <= quantiles or {"0.5", "0.95", "0.99"} <= quantiles
     # Queue wait and inference time on one panel, to compare.
     queue_panels = {p["id"] for p, _ in by_metric["headwise_queue_duration_seconds_sum"]}

@@ -96,11 +96,23 @@ def lineage(name: str, skip: frozenset[str] = frozenset()) -> list[Stage]:
 
 def test_hadolint_finds_nothing():
     done = subprocess.run(
-        [tool("hadolint"), "--config", str(ROOT / ".hadolint.yaml"), "--format", "json", str(DOCKERFILE)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        [
+            tool("hadolint"),
+            "--config",
+            str(ROOT / ".hadolint.yaml"),
+            "--format",
+            "json",
+            str(DOCKERFILE),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     findings = json.loads(done.stdout or "[]")
-    assert findings == [], "\n".join(f"{f['line']}: {f['code']} {f['level']}: {f['message']}" for f in findings)
+    assert findings == [], "\n".join(
+        f"{f['line']}: {f['code']} {f['level']}: {f['message']}" for f in findings
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -110,7 +122,9 @@ def test_hadolint_would_catch_a_problem(tmp_path):
     bad.write_text("FROM python:latest\nRUN pip install fastapi\nUSER root\n")
     done = subprocess.run(
         [tool("hadolint"), "--config", str(ROOT / ".hadolint.yaml"), "--format", "json", str(bad)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     codes = {f["code"] for f in json.loads(done.stdout)}
     assert {"DL3007", "DL3002"} <= codes and done.returncode != 0
@@ -120,7 +134,9 @@ def test_stages_and_default_target():
     assert STAGES[-1].name == "gpu", "the last stage is what `docker build .` builds"
     assert {"export", "cpu", "gpu"} <= BY_NAME.keys()
     gpu_base = BY_NAME["gpu-base"].base
-    assert re.fullmatch(r"nvidia/cuda:1[23]\.\d+\.\d+-cudnn-runtime-ubuntu\d\d\.04", gpu_base), gpu_base
+    assert re.fullmatch(r"nvidia/cuda:1[23]\.\d+\.\d+-cudnn-runtime-ubuntu\d\d\.04", gpu_base), (
+        gpu_base
+    )
     assert BY_NAME["gpu"].base == "gpu-base"
     for name in ("export", "cpu", "cpu-build"):
         assert BY_NAME[name].base.startswith("python:3.11-slim"), BY_NAME[name].base
@@ -150,7 +166,9 @@ def test_serving_stage_runtime_contract(name):
     stage = BY_NAME[name]
     user = stage.last("USER")
     uid = user.split(":")[0]
-    assert uid.isdigit() and int(uid) != 0, f"USER {user}: numeric and not root (runAsNonRoot checks the uid)"
+    assert uid.isdigit() and int(uid) != 0, (
+        f"USER {user}: numeric and not root (runAsNonRoot checks the uid)"
+    )
     assert stage.last("EXPOSE") == "8000"
     assert stage.last("STOPSIGNAL") == "SIGTERM"
     assert json.loads(stage.last("ENTRYPOINT")) == ["headwise", "serve"]
@@ -174,16 +192,27 @@ def test_healthcheck_script_probes_health():
 @pytest.mark.slow
 def test_healthcheck_script_against_a_real_server(live_server):
     script = str(DOCKER / "healthcheck.py")
-    up = subprocess.run([sys.executable, script], env={"HEADWISE_PORT": str(live_server.port)},
-                        capture_output=True, text=True, timeout=30)
+    up = subprocess.run(
+        [sys.executable, script],
+        env={"HEADWISE_PORT": str(live_server.port)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert up.returncode == 0, up.stderr
-    down = subprocess.run([sys.executable, script], env={"HEADWISE_PORT": str(free_port())},
-                          capture_output=True, text=True, timeout=30)
+    down = subprocess.run(
+        [sys.executable, script],
+        env={"HEADWISE_PORT": str(free_port())},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert down.returncode == 1 and "unhealthy" in down.stderr
 
 
 def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
     """Docker's rule: the last pattern matching the path or one of its parent folders decides."""
+
     def regex(pattern: str) -> re.Pattern:
         out = ""
         for part in re.split(r"(\*\*/|\*\*|\*|\?|\[[^\]]*\])", pattern.strip("/")):
@@ -205,7 +234,8 @@ def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
 
 def test_dockerignore_keeps_what_copy_needs_and_nothing_else():
     patterns = [
-        line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
     needed = set()
@@ -214,7 +244,14 @@ def test_dockerignore_keeps_what_copy_needs_and_nothing_else():
             words = [w for w in shlex.split(args) if not w.startswith("--")]
             if "--from=" not in args:
                 needed.update(w.rstrip("/") for w in words[:-1])
-    assert needed >= {"pyproject.toml", "README.md", "service", "models", "export", "docker/install.sh"}
+    assert needed >= {
+        "pyproject.toml",
+        "README.md",
+        "service",
+        "models",
+        "export",
+        "docker/install.sh",
+    }
     for source in sorted(needed):
         path = ROOT / source
         files = [p for p in path.rglob("*.py")] if path.is_dir() else [path]
@@ -222,6 +259,12 @@ def test_dockerignore_keeps_what_copy_needs_and_nothing_else():
         for f in files:
             rel = f.relative_to(ROOT).as_posix()
             assert not dockerignore_excludes(rel, patterns), f"{rel} is needed by COPY but ignored"
-    for rel in (".venv/bin/python", ".git/HEAD", "tests/conftest.py", "bundles/default/encoder.onnx",
-                "service/__pycache__/app.cpython-311.pyc", "docker/k8s/deployment.yaml"):
+    for rel in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/conftest.py",
+        "bundles/default/encoder.onnx",
+        "service/__pycache__/app.cpython-311.pyc",
+        "docker/k8s/deployment.yaml",
+    ):
         assert dockerignore_excludes(rel, patterns), f"{rel} would be sent to the daemon"

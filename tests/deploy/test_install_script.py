@@ -47,7 +47,11 @@ def run_script(script: Path, *args: str, env: dict[str, str] | None = None, time
 def venv_python(venv: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(venv / "bin" / "python"), "-c", code],
-        capture_output=True, text=True, cwd=cwd, timeout=120, env=isolated_env(),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        env=isolated_env(),
     )
 
 
@@ -59,7 +63,10 @@ def dockerfile_arg(name: str) -> str:
 
 def report_packages(report: Path) -> dict[str, str]:
     data = json.loads(report.read_text())
-    return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in data["install"]}
+    return {
+        i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+        for i in data["install"]
+    }
 
 
 def test_script_is_valid_bash_and_refuses_unknown_modes(tmp_path):
@@ -91,7 +98,11 @@ def test_cpu_mode_installs_a_serving_service_without_torch(tmp_path, tiny_bundle
     # The export side is absent and says so, instead of failing on an import.
     export = subprocess.run(
         [str(venv / "bin" / "headwise"), "export", "--out", str(tmp_path / "b")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=60, env=isolated_env(),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env=isolated_env(),
     )
     assert export.returncode == 2 and "[export] extra" in export.stderr
 
@@ -100,7 +111,9 @@ def test_cpu_mode_installs_a_serving_service_without_torch(tmp_path, tiny_bundle
         [str(venv / "bin" / "headwise")], tiny_bundle, tmp_path / "serve.log", env=isolated_env()
     )
     try:
-        r = httpx.post(f"{server.url}/encode", json={"inputs": ["a deploy check", "and another"]}, timeout=30)
+        r = httpx.post(
+            f"{server.url}/encode", json={"inputs": ["a deploy check", "and another"]}, timeout=30
+        )
         assert r.status_code == 200, r.text
         assert len(r.json()["embeddings"]) == 2
         assert httpx.get(f"{server.url}/attention/view", timeout=10).status_code == 200  # static/*
@@ -132,9 +145,15 @@ def test_export_mode_takes_torch_pin_from_pyproject(tmp_path):
     report = tmp_path / "export.json"
     # PyPI here instead of PyTorch's CPU index: only the pin's plumbing is checked, nothing installed.
     done = run_script(
-        script, "export", str(tmp_path / "venv"), "--dry-run", str(report),
+        script,
+        "export",
+        str(tmp_path / "venv"),
+        "--dry-run",
+        str(report),
         env={"TORCH_INDEX_URL": "https://pypi.org/simple"},
     )
-    assert done.returncode == 0, f"install.sh export --dry-run failed:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, (
+        f"install.sh export --dry-run failed:\n{done.stdout}\n{done.stderr}"
+    )
     version = report_packages(report)["torch"]
     assert version.split("+")[0] == torch_pin.removeprefix("torch==")

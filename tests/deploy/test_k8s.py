@@ -29,7 +29,10 @@ BUILT_IN = [m for m in MANIFESTS if m not in NOT_BUILT_IN]
 
 def validate(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [tool("kubernetes-validate"), "--strict", str(path)], capture_output=True, text=True, timeout=120
+        [tool("kubernetes-validate"), "--strict", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -52,7 +55,9 @@ def test_strict_validation_rejects_an_unknown_field(tmp_path):
 
 
 def by_kind(kind: str, folder: Path = K8S) -> dict:
-    docs = [d for f in sorted(folder.glob("*.yaml")) for d in load_all_yaml(f) if d.get("kind") == kind]
+    docs = [
+        d for f in sorted(folder.glob("*.yaml")) for d in load_all_yaml(f) if d.get("kind") == kind
+    ]
     assert len(docs) == 1, f"expected one {kind} in {folder}, found {len(docs)}"
     return docs[0]
 
@@ -141,7 +146,9 @@ def test_hpa_scales_on_queue_depth_through_the_adapter():
     name = metric["pods"]["metric"]["name"]
     assert name == "headwise_queue_depth" and name in exposed_metric_names()
     assert metric["pods"]["target"]["type"] == "AverageValue"
-    assert hpa["spec"]["minReplicas"] >= 1 and hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+    assert (
+        hpa["spec"]["minReplicas"] >= 1 and hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+    )
 
     # The adapter rule publishes exactly that name, from that series, per namespace and pod.
     adapter = by_kind("ConfigMap", K8S / "optional")
@@ -172,7 +179,9 @@ def test_pdb_covers_the_pods_and_allows_a_drain():
 def test_service_monitor_scrapes_the_service():
     monitor = by_kind("ServiceMonitor", K8S / "optional")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= SERVICE["metadata"]["labels"].items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= SERVICE["metadata"]["labels"].items()
+    )
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in SERVICE["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"

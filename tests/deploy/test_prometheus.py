@@ -20,7 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.conftest import DOCKER, K8S, Server, exposed_metric_names, free_port, stop
 
-PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
+PROMETHEUS = shutil.which("prometheus") or (
+    "/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -51,13 +53,19 @@ class Prom:
             if ok(result):
                 return result
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not in {timeout_s:.0f} s; last {result}\n{self.log.read_text()[-3000:]}")
+                raise AssertionError(
+                    f"{what}: not in {timeout_s:.0f} s; last {result}\n{self.log.read_text()[-3000:]}"
+                )
             time.sleep(0.5)
 
 
 def encode(server: Server, n: int) -> None:
     for i in range(n):
-        r = httpx.post(f"{server.url}/encode", json={"inputs": [f"text {i}", "short", "a longer one " * i]}, timeout=30)
+        r = httpx.post(
+            f"{server.url}/encode",
+            json={"inputs": [f"text {i}", "short", "a longer one " * i]},
+            timeout=30,
+        )
         assert r.status_code == 200, r.text
 
 
@@ -77,11 +85,13 @@ def prometheus(live_server: Server, tmp_path_factory: pytest.TempPathFactory) ->
     tmp = tmp_path_factory.mktemp("prometheus")
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{
-            "job_name": "headwise",
-            "metrics_path": "/metrics",
-            "static_configs": [{"targets": [f"127.0.0.1:{live_server.port}"]}],
-        }],
+        "scrape_configs": [
+            {
+                "job_name": "headwise",
+                "metrics_path": "/metrics",
+                "static_configs": [{"targets": [f"127.0.0.1:{live_server.port}"]}],
+            }
+        ],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
@@ -95,13 +105,17 @@ def prometheus(live_server: Server, tmp_path_factory: pytest.TempPathFactory) ->
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--storage.tsdb.retention.time=1h",
             ],
-            stdout=out, stderr=subprocess.STDOUT, cwd=tmp,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp,
         )
     prom = Prom(f"http://127.0.0.1:{port}", log)
     try:
         deadline = time.monotonic() + 30
         while True:
-            assert proc.poll() is None, f"prometheus exited with {proc.returncode}:\n{log.read_text()}"
+            assert proc.poll() is None, (
+                f"prometheus exited with {proc.returncode}:\n{log.read_text()}"
+            )
             try:
                 if httpx.get(f"{prom.url}/-/ready", timeout=1).status_code == 200:
                     break
@@ -120,7 +134,9 @@ def scraped(live_server: Server, prometheus: Prom) -> float:
     encode(live_server, 5)
     expected = served_count(live_server, "/encode")
     prometheus.wait_for(
-        'headwise_requests_total{endpoint="/encode"}', lambda r: bool(r), "/encode requests in Prometheus"
+        'headwise_requests_total{endpoint="/encode"}',
+        lambda r: bool(r),
+        "/encode requests in Prometheus",
     )
     return expected
 
@@ -137,8 +153,13 @@ def test_prometheus_scrapes_the_server(prometheus, scraped):
 def test_scraped_names_are_the_ones_the_dashboard_checks_against(prometheus, scraped):
     r = httpx.get(f"{prometheus.url}/api/v1/label/__name__/values", timeout=10).json()
     names = {n for n in r["data"] if n.startswith("headwise_")}
-    assert {"headwise_requests_total", "headwise_queue_depth", "headwise_model_info",
-            "headwise_batch_size_bucket", "headwise_request_duration_seconds_bucket"} <= names
+    assert {
+        "headwise_requests_total",
+        "headwise_queue_depth",
+        "headwise_model_info",
+        "headwise_batch_size_bucket",
+        "headwise_request_duration_seconds_bucket",
+    } <= names
     assert names <= exposed_metric_names(), names - exposed_metric_names()
 
 
@@ -157,7 +178,11 @@ def test_dashboard_queries_evaluate_on_real_data(live_server, prometheus, scrape
     requests_panel = next(e for t, e in dashboard_queries() if t.startswith("Requests/s"))
 
     def encode_rate(result):
-        return [r for r in result if r["metric"].get("endpoint") == "/encode" and float(r["value"][1]) > 0]
+        return [
+            r
+            for r in result
+            if r["metric"].get("endpoint") == "/encode" and float(r["value"][1]) > 0
+        ]
 
     deadline = time.monotonic() + 60
     while not encode_rate(prometheus.query(requests_panel)):
@@ -167,16 +192,23 @@ def test_dashboard_queries_evaluate_on_real_data(live_server, prometheus, scrape
 
     results = {}
     for title, expr in dashboard_queries():
-        results.setdefault(title, []).extend(prometheus.query(expr))  # each one parses and evaluates
+        results.setdefault(title, []).extend(
+            prometheus.query(expr)
+        )  # each one parses and evaluates
 
     [info] = results["Provider in use"]
     assert info["metric"]["provider"] == "CPUExecutionProvider"
     assert info["metric"]["device"] == "cpu" and info["metric"]["precision"]
     assert any(r["metric"].get("path") == "encode" for r in results["Queue depth"])
-    latencies = [float(r["value"][1]) for r in results["Latency p50 / p95 / p99"]
-                 if r["metric"].get("endpoint") == "/encode"]
+    latencies = [
+        float(r["value"][1])
+        for r in results["Latency p50 / p95 / p99"]
+        if r["metric"].get("endpoint") == "/encode"
+    ]
     assert latencies and all(math.isfinite(v) and v > 0 for v in latencies), latencies
-    sizes = [float(r["value"][1]) for r in results["Batch size"] if r["metric"].get("path") == "encode"]
+    sizes = [
+        float(r["value"][1]) for r in results["Batch size"] if r["metric"].get("path") == "encode"
+    ]
     assert sizes and all(math.isfinite(v) and v >= 1 for v in sizes), sizes
     [ready] = results["Ready replicas"]
     assert ready["value"][1] == "1"
@@ -187,8 +219,12 @@ def test_hpa_adapter_query_evaluates(prometheus, scraped):
     adapter = yaml.safe_load((K8S / "optional" / "prometheus-adapter-rules.yaml").read_text())
     [rule] = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
     series = rule["seriesQuery"].split("{")[0]
-    expr = (rule["metricsQuery"].replace("<<.Series>>", series)
-            .replace("<<.LabelMatchers>>", 'job="headwise"').replace("<<.GroupBy>>", "job"))
+    expr = (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", series)
+        .replace("<<.LabelMatchers>>", 'job="headwise"')
+        .replace("<<.GroupBy>>", "job")
+    )
     [result] = prometheus.query(expr)
     assert result["metric"] == {"job": "headwise"}
     assert float(result["value"][1]) >= 0

@@ -126,7 +126,9 @@ def test_int8_keeps_the_most_sensitive_nodes_in_fp32_until_the_target(tmp_path, 
         quantised = [n.name for n in nodes if n.op_type in ("MatMulInteger", "QAttention")]
         return 1.0 - sum(0.02 if "fc2" in name else 0.001 for name in quantised)
 
-    report = to_int8(tiny_bundle / "encoder.onnx", tmp_path / "q.onnx", fake_min_cosine, target=0.99)
+    report = to_int8(
+        tiny_bundle / "encoder.onnx", tmp_path / "q.onnx", fake_min_cosine, target=0.99
+    )
     assert report.min_cosine >= 0.99
     assert len(report.kept_fp32) == 2 and all("fc2" in name for name in report.kept_fp32)
 

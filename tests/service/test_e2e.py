@@ -97,10 +97,9 @@ async def wait_until_in_flight(client: httpx.AsyncClient, n: int, timeout_s: flo
     while time.monotonic() < deadline:
         text = (await client.get("/metrics")).text
         for family in text_string_to_metric_families(text):
-            if family.name == "headwise_inflight_requests":
-                # The scrape itself is in flight too.
-                if family.samples[0].value >= n + 1:
-                    return
+            # The scrape itself is in flight too.
+            if family.name == "headwise_inflight_requests" and family.samples[0].value >= n + 1:
+                return
         await asyncio.sleep(0.02)
     raise AssertionError(f"{n} requests never were in flight at once")
 

@@ -1,0 +1,76 @@
+"""Start `headwise serve` as a real process on a free loopback port (bench and tests share it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read()
+
+
+def launch(
+    bundle: Path,
+    env: dict[str, str] | None = None,
+    output: IO | None = None,
+    ready_s: float = 120,
+    command: list[str] | None = None,
+    base_env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> tuple[subprocess.Popen, str]:
+    """The process and its URL once /ready answers 200; RuntimeError if it dies or stalls.
+
+    `command` runs another installation's `headwise` (default: this interpreter's service.cli).
+    """
+    port = free_port()
+    argv = [*(command or [sys.executable, "-m", "service.cli"]), "serve"]
+    proc = subprocess.Popen(
+        [*argv, "--bundle", str(bundle), "--port", str(port)],
+        env={
+            **(os.environ if base_env is None else base_env),
+            "HEADWISE_LOG_LEVEL": "warning",
+            "HEADWISE_HOST": "127.0.0.1",
+            **(env or {}),
+        },
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+        cwd=cwd,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            get(f"{url}/ready")
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    raise RuntimeError(f"server exited ({proc.returncode}) or was not ready within {ready_s:g} s")
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM (the server drains and exits 0), then kill if it outlives the grace."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

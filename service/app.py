@@ -130,5 +130,6 @@ def create_app(
         metrics=st.metrics,
         max_body_bytes=settings.max_body_bytes,
         api_key=api_key,
+        body_timeout_s=settings.body_timeout_s,
     )
     return app

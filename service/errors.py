@@ -37,6 +37,10 @@ class MalformedBody(HeadwiseError):
     status, kind = 400, "invalid_request_error"
 
 
+class RequestTimeout(HeadwiseError):
+    status, kind = 408, "request_timeout"
+
+
 class PayloadTooLarge(HeadwiseError):
     status, kind = 413, "payload_too_large"
 

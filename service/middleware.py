@@ -3,6 +3,7 @@ the API key check, timing headers, and the request metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
 import time
@@ -10,7 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from service.errors import PayloadTooLarge, Unauthorized, error_response
+from service.errors import PayloadTooLarge, RequestTimeout, Unauthorized, error_response
 from service.metrics import Metrics
 
 Scope = MutableMapping[str, Any]
@@ -45,9 +46,15 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 class HeadwiseMiddleware:
     def __init__(
-        self, app: ASGIApp, metrics: Metrics, max_body_bytes: int, api_key: str | None
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        max_body_bytes: int,
+        api_key: str | None,
+        body_timeout_s: float = 10.0,
     ) -> None:
         self.app = app
+        self.body_timeout_s = body_timeout_s
         self.metrics = metrics
         self.max_body = max_body_bytes
         self.api_key = api_key.encode() if api_key else None
@@ -95,7 +102,13 @@ class HeadwiseMiddleware:
                 exc = Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
                 await error_response(exc)(scope, receive, send_with_headers)
                 return
-            body = None if self._declared_too_large(scope) else await self._read_body(receive)
+            try:
+                body = None if self._declared_too_large(scope) else await self._read_body(receive)
+            except TimeoutError:
+                await error_response(
+                    RequestTimeout(f"request body did not arrive within {self.body_timeout_s:g} s")
+                )(scope, receive, send_with_headers)
+                return
             if body is None:
                 await error_response(
                     PayloadTooLarge(
@@ -116,20 +129,27 @@ class HeadwiseMiddleware:
         return False
 
     async def _read_body(self, receive: Receive) -> bytes | None:
-        """The whole body, or None when it passes the limit (checked before and while reading)."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        """The whole body, or None when it passes the limit (checked before and while reading).
+
+        A body that does not arrive in one piece must arrive within body_timeout_s: a client
+        trickling bytes (slowloris) would otherwise hold its slot for ever. TimeoutError then.
+        """
+        message = await receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            body = message.get("body", b"")
+            return None if len(body) > self.max_body else body
+        async with asyncio.timeout(self.body_timeout_s):
+            chunks: list[bytes] = [message.get("body", b"")]
+            size = len(chunks[0])
+            while message.get("more_body", False):
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    break
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_body:
+                    return None
+                chunks.append(chunk)
         return b"".join(chunks)
 
 

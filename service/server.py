@@ -53,6 +53,7 @@ def serve_command(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        limit_concurrency=settings.max_concurrency,
         access_log=False,
         lifespan="on",
     )

@@ -52,6 +52,13 @@ class Settings(BaseSettings):
     max_input_chars: int = Field(100_000, ge=1, description="characters per input")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size; then 413")
 
+    body_timeout_s: float = Field(
+        10.0, gt=0, description="a request body sent in pieces must arrive within this; then 408"
+    )
+    max_concurrency: int = Field(
+        1024, ge=1, description="connections and requests at once; more are answered 503 by uvicorn"
+    )
+
     # Attention maps
     attention_enabled: bool = Field(True, description="serve /attention; false answers 404")
     attention_max_tokens: int = Field(256, ge=2, description="tokens per /attention input")

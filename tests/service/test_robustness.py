@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -196,3 +197,41 @@ def test_schemathesis_finds_no_server_error(live_tiny):
     print(
         f"schemathesis: {sum(tried.values())} cases over {len(tried)} operations, 0 server errors"
     )
+
+
+def test_chunked_body_over_the_limit_is_413(tiny_bundle):
+    from tests.service.conftest import client_for
+
+    def chunks():
+        for _ in range(10):
+            yield b"x" * 1024
+
+    with client_for(tiny_bundle, max_body_bytes=4096) as c:
+        r = c.post("/encode", content=chunks(), headers=JSON)
+        assert r.status_code == 413 and "4096" in r.json()["error"]["message"]
+
+
+def test_slow_bodies_time_out_and_too_many_connections_get_503(tiny_bundle, tmp_path):
+    """A client trickling its body is cut off (408); past the concurrency limit, 503."""
+    import socket
+    import time
+
+    env = {"HEADWISE_BODY_TIMEOUT_S": "0.5", "HEADWISE_MAX_CONCURRENCY": "3"}
+    with serve(tiny_bundle, tmp_path, env=env) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        head = b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        try:
+            for s in slow:
+                s.sendall(head + b'{"inputs": ')  # and then nothing more
+            time.sleep(0.1)
+            crowded = [httpx.get(f"{server.url}/health", timeout=5) for _ in range(3)]
+            assert 503 in [r.status_code for r in crowded]
+            slow[0].settimeout(5)
+            answer = slow[0].recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in answer
+        finally:
+            for s in slow:
+                s.close()
+        time.sleep(0.2)
+        assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200

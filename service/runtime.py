@@ -78,6 +78,8 @@ class OnnxEncoder:
         self.tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=bundle.max_length)
+        self._untruncated = Tokenizer.from_file(str(bundle.tokenizer_path))
+        self._untruncated.no_truncation()
         providers = choose_providers(settings.device, ort.get_available_providers())
         graph = choose_graph(bundle, settings.precision, providers[0] == CUDA)
         self.session = self._session(
@@ -125,9 +127,7 @@ class OnnxEncoder:
 
     def count_tokens(self, text: str) -> int:
         """Length without truncation, for the error that names it."""
-        tok = Tokenizer.from_str(self.tokenizer.to_str())
-        tok.no_truncation()
-        return len(tok.encode(text).ids)
+        return len(self._untruncated.encode(text).ids)
 
     def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         (out,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})

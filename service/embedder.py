@@ -102,6 +102,8 @@ async def wait_all(
     gathered.cancel()
     for f in futures:
         f.cancel()
+    # Retrieve the gather's outcome so asyncio does not log it as "never retrieved".
+    gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
     if disconnected is not None and disconnected in done:
         raise ClientGone()
     raise Unavailable(f"request did not finish within {timeout_s:g} s", retry_after=1)

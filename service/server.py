@@ -54,6 +54,7 @@ def serve_command(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
         limit_concurrency=settings.max_concurrency,
+        timeout_keep_alive=settings.keep_alive_s,
         access_log=False,
         lifespan="on",
     )

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         10.0, gt=0, description="a request body sent in pieces must arrive within this; then 408"
     )
+    keep_alive_s: float = Field(
+        30.0, gt=0, description="idle keep-alive connections are closed after this (uvicorn: 5)"
+    )
     max_concurrency: int = Field(
         1024, ge=1, description="connections and requests at once; more are answered 503 by uvicorn"
     )

@@ -108,7 +108,9 @@ def test_server_is_healthy_after_the_bad_inputs(client):
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(st.text(max_size=400))
 def test_any_unicode_text_encodes(client, text):
@@ -131,7 +133,9 @@ json_values = st.recursive(
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     path=st.sampled_from(["/encode", "/v1/embeddings", "/tokenize", "/attention"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -109,7 +110,7 @@ def sentence_transformers_rate(
         from sentence_transformers import SentenceTransformer
     except ImportError:
         return None
-    torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     model = SentenceTransformer(str(model_dir), device="cpu")
     model.encode(texts[:64], batch_size=batch_size, show_progress_bar=False)
     best = float("inf")

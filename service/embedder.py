@@ -42,7 +42,6 @@ class Timings:
 class Encoded:
     vectors: np.ndarray  # (n, d) float32, pooled, not normalised
     tokens: list[int]
-    truncated: int
     timings: Timings = field(default_factory=Timings)
 
 
@@ -164,4 +163,4 @@ class Embedder:
         tokens = [len(s) for s in sequences]
         for n in tokens:
             self._length.observe(n)
-        return Encoded(np.stack(rows), tokens, len(truncated), timings)
+        return Encoded(np.stack(rows), tokens, timings)

@@ -30,7 +30,8 @@ class DeviceUnavailable(RuntimeError):
 
 
 class Backend(Protocol):
-    def tokenize(self, texts: list[str]) -> list[Encoding]: ...
+    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]: ...
+    def count_tokens(self, text: str) -> int: ...
     def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray: ...
     def attend(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
@@ -118,12 +119,10 @@ class OnnxEncoder:
         opts.log_severity_level = 3
         return ort.InferenceSession(str(path), opts, providers=providers)
 
-    def tokenize(self, texts: list[str]) -> list[Encoding]:
-        return (
-            self.tokenizer.encode_batch(texts)
-            if len(texts) > 1
-            else [self.tokenizer.encode(texts[0])]
-        )
+    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
+        if len(texts) == 1:
+            return [self.tokenizer.encode(texts[0], add_special_tokens=add_special_tokens)]
+        return self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
 
     def count_tokens(self, text: str) -> int:
         """Length without truncation, for the error that names it."""

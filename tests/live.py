@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.server import free_port, launch, stop  # noqa: F401 - free_port is re-exported
+from bench.server import launch, stop
 
 
 @dataclass

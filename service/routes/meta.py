@@ -99,10 +99,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     check_texts(texts, app.settings, "inputs")
     loop = asyncio.get_running_loop()
     encodings = await loop.run_in_executor(
-        None,
-        lambda: app.backend.tokenizer.encode_batch(
-            texts, add_special_tokens=body.add_special_tokens
-        ),
+        None, app.backend.tokenize, texts, body.add_special_tokens
     )
     results = [
         {

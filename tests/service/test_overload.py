@@ -13,10 +13,11 @@ import httpx
 import pytest
 import uvicorn
 
+from bench.server import free_port
 from service.app import create_app
 from service.runtime import OnnxEncoder
 from service.settings import Settings
-from tests.live import free_port, serve
+from tests.live import serve
 from tests.service.conftest import client_for
 
 

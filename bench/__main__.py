@@ -23,6 +23,7 @@ from bench import baselines, corpus
 from bench.loadgen import LoadResult, build_requests, run_load
 from bench.report import render
 from bench.server import get, launch
+from service.bundle import load_bundle
 
 log = logging.getLogger("bench")
 
@@ -64,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
-    manifest = json.loads((args.bundle / "manifest.json").read_text())
-    d, layers, d_ff = manifest["d_model"], manifest["num_layers"], manifest["d_ff"]
+    manifest = load_bundle(args.bundle, verify=False).manifest
+    d, layers, d_ff = manifest.d_model, manifest.num_layers, manifest.d_ff
     texts = corpus.sentences(args.texts)
     sequences = baselines.tokenize(args.bundle / "tokenizer.json", texts)
     lengths = np.array([len(s) for s in sequences])
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_min": int(lengths.min()),
             "tokens_max": int(lengths.max()),
         },
-        "model": manifest["model"]["name"],
+        "model": manifest.name,
         "flops_per_text": flops,
     }
 
@@ -96,15 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     results["single_call_latency_s"] = baselines.single_call_latency(
         args.bundle / "encoder.onnx", short
     )
-    if "encoder_int8" in manifest["graphs"]:
+    if "encoder_int8" in manifest.graphs:
         log.info("int8 graph …")
         rate8, int8 = baselines.graph_direct(
-            args.bundle / manifest["graphs"]["encoder_int8"]["file"], sequences
+            args.bundle / manifest.graphs["encoder_int8"].file, sequences
         )
         lo, mean = baselines.min_cosine(int8, fp32)
         results["int8"] = {"graph_direct": rate8, "min_cosine": lo, "mean_cosine": mean}
     log.info("sentence-transformers …")
-    source = Path(manifest["model"]["source"])
+    source = Path(manifest.source.id)
     results["sentence_transformers"] = (
         baselines.sentence_transformers_rate(source, texts) if source.exists() else None
     )

@@ -11,12 +11,12 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from service.sessions import build_session
+from service.tensors import cosines, pad_batch
+
 
 def session(path: Path, threads: int = 0) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return build_session(path, threads=threads)
 
 
 def flops_per_text(n: int, d: int, d_ff: int, layers: int) -> float:
@@ -40,9 +40,7 @@ def gemm_peak(
         [onnx.numpy_helper.from_array(w, "w")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    s = build_session(model.SerializeToString(), threads=threads)
     x = np.random.default_rng(1).standard_normal((m, d)).astype(np.float32)
     for _ in range(3):
         s.run(None, {"x": x})
@@ -60,12 +58,7 @@ def tokenize(tokenizer_path: Path, texts: list[str]) -> list[list[int]]:
 
 
 def padded(batch: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    n = max(len(s) for s in batch)
-    ids = np.zeros((len(batch), n), np.int64)
-    mask = np.zeros((len(batch), n), np.int64)
-    for i, s in enumerate(batch):
-        ids[i, : len(s)], mask[i, : len(s)] = s, 1
-    return ids, mask
+    return pad_batch(batch)
 
 
 def graph_direct(
@@ -122,7 +115,5 @@ def sentence_transformers_rate(
 
 
 def min_cosine(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    cos = (a * b).sum(1)
+    cos = cosines(a, b)
     return float(cos.min()), float(cos.mean())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -19,7 +18,9 @@ from tokenizers import Tokenizer
 from export import optimize, verify
 from export.onnx import OPSET, export_attention, export_serving
 from models.weights import LoadedModel
-from service.bundle import FORMAT_VERSION, MANIFEST, sha256_file
+from service.bundle import MANIFEST, sha256_file
+from service.manifest import FileEntry, GraphEntry, Manifest, Precision, Source, SpecialTokens
+from service.sessions import build_session
 
 log = logging.getLogger(__name__)
 
@@ -44,35 +45,35 @@ def write_tokenizer(loaded: LoadedModel, out: Path) -> Tokenizer:
     return tok
 
 
-def _session(path: Path) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
 def _run(path: Path, ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
-    return _session(path).run(None, {"input_ids": ids, "attention_mask": mask})
+    return build_session(path).run(None, {"input_ids": ids, "attention_mask": mask})
 
 
-def _graph_entry(path: Path, precision: str, counts: dict[str, int], parity: verify.Parity) -> dict:
-    return {
-        "file": path.name,
-        "sha256": sha256_file(path),
-        "bytes": path.stat().st_size,
-        "precision": precision,
-        "op_counts": counts,
-        "parity": parity.as_dict(),
-    }
+def _graph_entry(
+    path: Path, precision: Precision, counts: dict[str, int], parity: verify.Parity, **extra
+) -> GraphEntry:
+    return GraphEntry(
+        file=path.name,
+        sha256=sha256_file(path),
+        bytes=path.stat().st_size,
+        precision=precision,
+        op_counts=counts,
+        parity=parity,
+        **extra,
+    )
 
 
-def special_tokens(tok: Tokenizer) -> dict[str, int | None]:
-    return {
+def special_tokens(tok: Tokenizer) -> SpecialTokens:
+    ids = {
         name: tok.token_to_id(tok_str)
         for name, tok_str in (("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"))
     }
+    return SpecialTokens(cls=ids["cls"], sep=ids["sep"], pad=ids["pad"] or 0)
 
 
-def build_bundle(loaded: LoadedModel, out: Path, options: ExportOptions = ExportOptions()) -> dict:
+def build_bundle(
+    loaded: LoadedModel, out: Path, options: ExportOptions = ExportOptions()
+) -> Manifest:
     """Write a complete bundle to `out`, or raise and leave `out` as it was."""
     started = time.monotonic()
     cfg = loaded.config
@@ -83,7 +84,7 @@ def build_bundle(loaded: LoadedModel, out: Path, options: ExportOptions = Export
         tok = write_tokenizer(loaded, tmp / "tokenizer.json")
         ids, mask = verify.tokenize(tok, verify.PROBE_TEXTS)
         want, want_attn = verify.torch_reference(model, ids, mask)
-        graphs: dict[str, dict] = {}
+        graphs: dict[str, GraphEntry] = {}
 
         raw = tmp / "raw.onnx"
         export_serving(model, raw)
@@ -100,7 +101,7 @@ def build_bundle(loaded: LoadedModel, out: Path, options: ExportOptions = Export
         emb, attn = _run(attn_path, ids, mask)
         parity = verify.compare("pytorch", emb, want)
         attn_diff = float(np.abs(attn - want_attn).max())
-        parity = verify.Parity(**{**parity.as_dict(), "attention_max_abs_diff": attn_diff})
+        parity = parity.model_copy(update={"attention_max_abs_diff": attn_diff})
         verify.require(parity, "attention.onnx", verify.FP32_MIN_COSINE)
         if not attn_diff <= verify.ATTENTION_MAX_ABS:
             raise verify.ParityError(f"attention.onnx: attention maps differ by {attn_diff:.3g}")
@@ -125,38 +126,39 @@ def build_bundle(loaded: LoadedModel, out: Path, options: ExportOptions = Export
             report = optimize.to_int8(fused_path, path, int8_min_cosine, options.int8_min_cosine)
             parity = verify.compare("encoder.onnx", _run(path, ids, mask)[0], fp32)
             verify.require(parity, path.name, verify.INT8_MIN_COSINE)
-            graphs["encoder_int8"] = _graph_entry(path, "int8", report.op_counts, parity)
-            graphs["encoder_int8"]["kept_fp32"] = report.kept_fp32
+            graphs["encoder_int8"] = _graph_entry(
+                path, "int8", report.op_counts, parity, kept_fp32=report.kept_fp32
+            )
 
-        manifest = {
-            "format": FORMAT_VERSION,
-            "model": {"name": loaded.name, "source": str(loaded.source)},
-            "num_layers": cfg.n_layers,
-            "num_heads": cfg.n_heads,
-            "d_model": cfg.d_model,
-            "d_ff": cfg.d_ff,
-            "vocab_size": cfg.vocab_size,
-            "max_length": loaded.max_length,
-            "pooling": cfg.pooling,
-            "normalize": loaded.normalize,
-            "special_tokens": special_tokens(tok),
-            "opset": OPSET,
-            "inputs": ["input_ids", "attention_mask"],
-            "attention_mask_format": "raw 2-D mask (left or right padding)",
-            "graphs": graphs,
-            "tokenizer": {"file": "tokenizer.json", "sha256": sha256_file(tmp / "tokenizer.json")},
-            "probe_texts": len(verify.PROBE_TEXTS),
-            "versions": {
+        manifest = Manifest(
+            name=loaded.name,
+            source=Source(id=str(loaded.source)),
+            num_layers=cfg.n_layers,
+            num_heads=cfg.n_heads,
+            d_model=cfg.d_model,
+            d_ff=cfg.d_ff,
+            vocab_size=cfg.vocab_size,
+            max_length=loaded.max_length,
+            pooling=cfg.pooling,
+            normalize=loaded.normalize,
+            special_tokens=special_tokens(tok),
+            opset=OPSET,
+            graphs=graphs,
+            tokenizer=FileEntry(
+                file="tokenizer.json", sha256=sha256_file(tmp / "tokenizer.json")
+            ),
+            probe_texts=len(verify.PROBE_TEXTS),
+            versions={
                 "torch": torch.__version__,
                 "onnx": onnx.__version__,
                 "onnxruntime": ort.__version__,
             },
-            "export_seconds": round(time.monotonic() - started, 2),
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            export_seconds=round(time.monotonic() - started, 2),
+        )
+        (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
         tmp.mkdir()  # TemporaryDirectory cleans up a path that must exist
-    log.info("wrote bundle %s in %.1fs", out, manifest["export_seconds"])
+    log.info("wrote bundle %s in %.1fs", out, manifest.export_seconds)
     return manifest

@@ -48,18 +48,18 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, WeightLoadError, ValueError, FusionError, ParityError) as exc:
         log.error("export failed: %s", exc)
         return 1
-    for key, graph in manifest["graphs"].items():
-        p = graph["parity"]
+    for key, graph in manifest.graphs.items():
+        p = graph.parity
         log.info(
             "%-13s %-22s %6.1f MB  min cos %.7f vs %s  ops %s",
             key,
-            graph["file"],
-            graph["bytes"] / 1e6,
-            p["min_cosine"],
-            p["reference"],
-            graph["op_counts"],
+            graph.file,
+            graph.bytes / 1e6,
+            p.min_cosine,
+            p.reference,
+            graph.op_counts,
         )
-    log.info("bundle written to %s in %.1fs", args.out, manifest["export_seconds"])
+    log.info("bundle written to %s in %.1fs", args.out, manifest.export_seconds)
     return 0
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from models.encoder import SentenceEncoder
+from service.manifest import Parity
+from service.tensors import cosines, pad_batch
 
 # Fixed probe texts: ordinary sentences, the empty string, CJK, emoji, accents, code, and an
 # input longer than any max length (it exercises truncation).
@@ -38,28 +38,8 @@ class ParityError(RuntimeError):
     """An exported graph disagrees with the PyTorch model beyond tolerance."""
 
 
-@dataclass(frozen=True)
-class Parity:
-    reference: str
-    texts: int
-    max_abs_diff: float
-    min_cosine: float
-    mean_cosine: float
-    attention_max_abs_diff: float | None = None
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-
 def tokenize(tokenizer: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    encodings = tokenizer.encode_batch(texts)
-    n = max(len(e.ids) for e in encodings)
-    ids = np.zeros((len(texts), n), dtype=np.int64)
-    mask = np.zeros((len(texts), n), dtype=np.int64)
-    for i, e in enumerate(encodings):
-        ids[i, : len(e.ids)] = e.ids
-        mask[i, : len(e.ids)] = 1
-    return ids, mask
+    return pad_batch([e.ids for e in tokenizer.encode_batch(texts)])
 
 
 def torch_reference(
@@ -68,12 +48,6 @@ def torch_reference(
     with torch.no_grad():
         pooled, attentions = model(torch.from_numpy(ids), torch.from_numpy(mask), need_weights=True)
     return pooled.numpy(), torch.stack(attentions).numpy()
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-30)
 
 
 def compare(reference: str, got: np.ndarray, want: np.ndarray) -> Parity:

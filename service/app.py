@@ -42,7 +42,7 @@ async def _warm(app: FastAPI) -> None:
             await asyncio.get_running_loop().run_in_executor(None, st.backend.warmup)
         st.ready = True
         st.metrics.ready.set(1)
-        log.info("ready: %s", st.bundle.model_name)
+        log.info("ready: %s", st.bundle.manifest.name)
     except Exception as exc:  # stay alive but not ready; /ready says "failed"
         st.load_error = str(exc)
         log.exception("warmup failed")
@@ -55,12 +55,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     bundle = st.bundle or load_bundle(settings.bundle, verify=settings.verify_bundle)
     st.bundle = bundle
     st.backend = st.backend_factory(bundle, settings)
-    pad_id = bundle.manifest.get("special_tokens", {}).get("pad") or 0
+    pad_id = bundle.manifest.special_tokens.pad
     st.batcher = DynamicBatcher(
         st.backend.embed, encoder_policy(settings), st.metrics.observer("encode"), "encode", pad_id
     )
     st.batcher.start()
-    st.embedder = Embedder(st.backend, st.batcher, settings, st.metrics, bundle.max_length)
+    st.embedder = Embedder(st.backend, st.batcher, settings, st.metrics, bundle.manifest.max_length)
     st.attention_batcher = None
     if settings.attention_enabled:
         from service.routes.attention import attention_batcher
@@ -69,7 +69,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         st.attention_batcher.start()
     runtime = st.backend.info
     st.metrics.info.labels(
-        bundle.model_name, runtime.providers[0], runtime.device, runtime.precision, __version__
+        bundle.manifest.name, runtime.providers[0], runtime.device, runtime.precision, __version__
     ).set(1)
     warm = asyncio.create_task(_warm(app))
     try:

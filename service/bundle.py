@@ -1,9 +1,10 @@
 """The bundle folder: the only seam between export (torch) and the service (no torch).
 
 BUNDLE/
-  manifest.json       dims, heads, max length, pooling, per-graph sha256, op counts, parity
+  manifest.json       a `Manifest` (service/manifest.py): task, dims, pooling, per-graph sha256,
+                      op counts, parity
   tokenizer.json      truncation at the model's max length, no padding
-  encoder.onnx        fused serving graph: ids, mask -> sentence_embedding (not normalised)
+  encoder.onnx        fused serving graph: ids, mask -> sentence_embedding (or logits)
   attention.onnx      unfused debug graph: -> sentence_embedding, attentions (L, B, h, N, N)
   encoder.fp16.onnx   optional, for the GPU
   encoder.int8.onnx   optional, for the CPU
@@ -15,10 +16,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import ValidationError
+
+from service.manifest import FORMAT_VERSION, GraphKey, Manifest
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
 
 
 class BundleError(RuntimeError):
@@ -36,47 +39,43 @@ def sha256_file(path: Path) -> str:
 @dataclass(frozen=True)
 class Bundle:
     root: Path
-    manifest: dict[str, Any]
-
-    @property
-    def model_name(self) -> str:
-        return self.manifest["model"]["name"]
-
-    @property
-    def max_length(self) -> int:
-        return int(self.manifest["max_length"])
-
-    @property
-    def d_model(self) -> int:
-        return int(self.manifest["d_model"])
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.manifest["num_layers"])
-
-    @property
-    def num_heads(self) -> int:
-        return int(self.manifest["num_heads"])
+    manifest: Manifest
 
     @property
     def tokenizer_path(self) -> Path:
-        return self.root / self.manifest["tokenizer"]["file"]
+        return self.root / self.manifest.tokenizer.file
 
-    def has_graph(self, key: str) -> bool:
-        return key in self.manifest["graphs"]
+    def has_graph(self, key: GraphKey) -> bool:
+        return key in self.manifest.graphs
 
-    def graph_path(self, key: str) -> Path:
-        graphs = self.manifest["graphs"]
+    def graph_path(self, key: GraphKey) -> Path:
+        graphs = self.manifest.graphs
         if key not in graphs:
             raise BundleError(f"{self.root} has no {key!r} graph (it has: {', '.join(graphs)})")
-        return self.root / graphs[key]["file"]
+        return self.root / graphs[key].file
+
+    def graph_bytes(self) -> int:
+        return sum(g.bytes for g in self.manifest.graphs.values())
 
 
-def files_of(manifest: dict[str, Any]) -> dict[str, str]:
-    """file name -> sha256 for every file the manifest lists."""
-    listed = {g["file"]: g["sha256"] for g in manifest["graphs"].values()}
-    listed[manifest["tokenizer"]["file"]] = manifest["tokenizer"]["sha256"]
-    return listed
+def read_manifest(path: Path) -> Manifest:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path} is not valid JSON: {exc}") from exc
+    found = raw.get("format") if isinstance(raw, dict) else None
+    if found != FORMAT_VERSION:
+        raise BundleError(
+            f"{path} has bundle format {found!r}; this headwise reads format {FORMAT_VERSION}: "
+            "re-export the bundle with this version (headwise export)"
+        )
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise BundleError(f"{path} is not a valid manifest: {problems}") from exc
 
 
 def load_bundle(root: str | Path, verify: bool = True) -> Bundle:
@@ -85,15 +84,8 @@ def load_bundle(root: str | Path, verify: bool = True) -> Bundle:
     path = root / MANIFEST
     if not path.is_file():
         raise BundleError(f"{path} not found: export a bundle first (headwise export --out {root})")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"{path} is not valid JSON: {exc}") from exc
-    if manifest.get("format") != FORMAT_VERSION:
-        raise BundleError(
-            f"{path} has format {manifest.get('format')!r}; this headwise reads {FORMAT_VERSION}"
-        )
-    for name, want in files_of(manifest).items():
+    manifest = read_manifest(path)
+    for name, want in manifest.files().items():
         f = root / name
         if not f.is_file():
             raise BundleError(f"bundle file {f} is missing")

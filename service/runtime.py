@@ -78,7 +78,7 @@ class OnnxEncoder:
         self.bundle = bundle
         self.tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
         self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=bundle.max_length)
+        self.tokenizer.enable_truncation(max_length=bundle.manifest.max_length)
         self._untruncated = Tokenizer.from_file(str(bundle.tokenizer_path))
         self._untruncated.no_truncation()
         providers = choose_providers(settings.device, ort.get_available_providers())
@@ -91,7 +91,7 @@ class OnnxEncoder:
             raise DeviceUnavailable(f"CUDA provider failed to start for {graph}; providers: {used}")
         if providers[0] == CUDA and CUDA not in used:
             log.warning("CUDA provider failed to start; serving on the CPU")
-        self.info = RuntimeInfo(used, graph, bundle.manifest["graphs"][graph]["precision"])
+        self.info = RuntimeInfo(used, graph, bundle.manifest.graphs[graph].precision)
         self.attention_session = None
         if settings.attention_enabled:
             # Attention maps are fp32 on purpose: they are for looking at, not for speed.
@@ -139,7 +139,7 @@ class OnnxEncoder:
         return emb, attn
 
     def warmup(self) -> None:
-        for n in (8, self.bundle.max_length):
+        for n in (8, self.bundle.manifest.max_length):
             ids = np.full((2, n), 1000, dtype=np.int64)
             mask = np.ones_like(ids)
             self.embed(ids, mask)

@@ -67,13 +67,13 @@ async def attention(body: AttentionRequest, request: Request) -> Response:
         raise Unavailable("model is loading", retry_after=2)
     s: Settings = app.settings
     bundle = app.bundle
-    layers = _select("layers", body.layers, bundle.num_layers)
-    heads = _select("heads", body.heads, bundle.num_heads)
+    layers = _select("layers", body.layers, bundle.manifest.num_layers)
+    heads = _select("heads", body.heads, bundle.manifest.num_heads)
     if len(body.input) > s.max_input_chars:
         raise PayloadTooLarge(
             f"input has {len(body.input)} characters; the limit is {s.max_input_chars}"
         )
-    limit = min(s.attention_max_tokens, bundle.max_length)
+    limit = min(s.attention_max_tokens, bundle.manifest.max_length)
     timings = Timings()
     loop = asyncio.get_running_loop()
     t0 = time.monotonic()
@@ -113,9 +113,9 @@ async def attention(body: AttentionRequest, request: Request) -> Response:
         request.state.timing_headers = timings.headers()
         return Response(encode_png(grid_image(selected)), media_type="image/png")
 
-    special = bundle.manifest.get("special_tokens", {})
-    cls_index = _index_of(ids, special.get("cls"))
-    sep_index = _index_of(ids, special.get("sep"), last=True)
+    special = bundle.manifest.special_tokens
+    cls_index = _index_of(ids, special.cls)
+    sep_index = _index_of(ids, special.sep, last=True)
     stats = analysis.head_stats(selected, cls_index, sep_index)
     stats_rows = [
         {"layer": layer, "head": head, **{k: float(v[li, hi]) for k, v in stats.items()}}
@@ -128,7 +128,7 @@ async def attention(body: AttentionRequest, request: Request) -> Response:
     )
     tokens = enc.tokens[:n_keep] + (enc.tokens[-1:] if n_keep < n else [])
     payload = {
-        "model": bundle.model_name,
+        "model": bundle.manifest.name,
         "tokens": tokens,
         "token_ids": ids,
         "offsets": offsets,

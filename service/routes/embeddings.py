@@ -30,7 +30,7 @@ async def _encode(
     app = state(request)
     texts = as_list(inputs, name)
     check_texts(texts, app.settings, name)
-    _check_dimensions(dimensions, app.bundle.d_model)
+    _check_dimensions(dimensions, app.bundle.manifest.d_model)
     if not app.ready:
         raise Unavailable("model is loading", retry_after=2)
     async with disconnect_watch(request) as gone:
@@ -49,7 +49,7 @@ async def encode(body: EncodeRequest, request: Request) -> Response:
     vectors = postprocess(result.vectors, body.normalize, body.dimensions)
     payload = {
         "embeddings": vectors,
-        "model": app.bundle.model_name,
+        "model": app.bundle.manifest.name,
         "dimensions": int(vectors.shape[1]),
         "tokens": result.tokens,
     }
@@ -77,7 +77,7 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> 
     payload = {
         "object": "list",
         "data": data,
-        "model": body.model or app.bundle.model_name,
+        "model": body.model or app.bundle.manifest.name,
         "usage": {"prompt_tokens": total, "total_tokens": total},
     }
     return respond(request, payload, result.timings)

@@ -53,18 +53,18 @@ async def info(request: Request) -> Response:
     s, m = app.settings, app.bundle.manifest
     runtime = app.backend.info
     payload = {
-        "model": app.bundle.model_name,
-        "dimensions": app.bundle.d_model,
-        "num_layers": app.bundle.num_layers,
-        "num_heads": app.bundle.num_heads,
-        "max_length": app.bundle.max_length,
-        "pooling": m["pooling"],
-        "normalize_default": m.get("normalize", True),
+        "model": app.bundle.manifest.name,
+        "dimensions": app.bundle.manifest.d_model,
+        "num_layers": app.bundle.manifest.num_layers,
+        "num_heads": app.bundle.manifest.num_heads,
+        "max_length": app.bundle.manifest.max_length,
+        "pooling": m.pooling,
+        "normalize_default": m.normalize,
         "providers": runtime.providers,
         "device": runtime.device,
         "graph": runtime.graph,
         "precision": runtime.precision,
-        "fused_ops": m["graphs"][runtime.graph]["op_counts"],
+        "fused_ops": m.graphs[runtime.graph].op_counts,
         "attention_enabled": s.attention_enabled,
         "limits": {
             "max_inputs": s.max_inputs,
@@ -85,7 +85,7 @@ async def info(request: Request) -> Response:
 
 @router.get("/v1/models", tags=["embeddings"], summary="OpenAI-compatible model list")
 async def models(request: Request) -> Response:
-    name = state(request).bundle.model_name
+    name = state(request).bundle.manifest.name
     return respond(
         request,
         {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "headwise"}]},
@@ -111,4 +111,4 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
         }
         for e in encodings
     ]
-    return respond(request, {"model": app.bundle.model_name, "results": results})
+    return respond(request, {"model": app.bundle.manifest.name, "results": results})

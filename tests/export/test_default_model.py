@@ -21,7 +21,7 @@ def test_default_bundle_is_fused_per_layer(default_bundle):
     assert op_types.count("Attention") == 6
     assert "Softmax" not in op_types
     manifest = json.loads((default_bundle / "manifest.json").read_text())
-    assert manifest["model"]["name"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert manifest["name"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert (manifest["num_layers"], manifest["num_heads"], manifest["d_model"]) == (6, 12, 384)
     assert manifest["max_length"] == 256 and manifest["pooling"] == "mean"
 

@@ -60,7 +60,7 @@ def test_cli_exports_a_transformers_checkpoint_with_cls_pooling(hf_folder, tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["num_layers"], manifest["num_heads"], manifest["d_model"]) == (3, 8, 64)
-    assert manifest["model"]["name"] == "mini-bert"
+    assert manifest["name"] == "mini-bert"
     assert (
         manifest["pooling"] == "cls" and manifest["max_length"] == 128
     )  # no sentence-transformers files

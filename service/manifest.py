@@ -1,0 +1,111 @@
+"""The bundle manifest: the one contract between export (writes it) and the service (reads it).
+
+A pydantic model, so writer and reader cannot drift: export builds a `Manifest` and dumps it,
+the service validates the JSON back into one and reads fields, never string keys. `format`
+is checked first, so a bundle from another headwise version is refused with both versions named.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FORMAT_VERSION = 2
+
+Task = Literal["embed", "rerank", "classify"]
+Pooling = Literal["mean", "cls", "lasttoken"]
+GraphKey = Literal["encoder", "attention", "encoder_fp16", "encoder_int8"]
+Precision = Literal["fp32", "fp16", "int8"]
+GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Parity(Frozen):
+    """How one graph compares with its reference on the export probe texts."""
+
+    reference: str
+    texts: int
+    max_abs_diff: float
+    min_cosine: float
+    mean_cosine: float
+    attention_max_abs_diff: float | None = None
+
+
+class FileEntry(Frozen):
+    file: str
+    sha256: str
+
+
+class GraphEntry(FileEntry):
+    bytes: int
+    precision: Precision
+    op_counts: dict[str, int]
+    parity: Parity
+    # False only for a graph exported with an explicit flag that allows unfused attention.
+    fused: bool = True
+    kept_fp32: list[str] = Field(default_factory=list)  # int8: nodes left in float32
+
+
+class Source(Frozen):
+    """Where the weights came from: a folder, a Hub repository (with its revision), a package."""
+
+    kind: Literal["folder", "hub", "package", "random"] = "folder"
+    id: str
+    revision: str | None = None
+
+
+class SpecialTokens(Frozen):
+    cls: int | None = None
+    sep: int | None = None
+    pad: int = 0
+
+
+class Manifest(Frozen):
+    format: int = FORMAT_VERSION
+    name: str
+    source: Source
+    task: Task = "embed"
+    architecture: str = "bert"
+    num_layers: int
+    num_heads: int
+    d_model: int
+    d_ff: int
+    vocab_size: int
+    max_length: int
+    # Embedding models: how token vectors become one vector (in the graph), and whether the
+    # model's reference pipeline (sentence-transformers' Normalize module) L2-normalises it.
+    # `normalize` is the default of /encode's `normalize` when a request leaves it out.
+    pooling: Pooling = "mean"
+    normalize: bool = False
+    output_dim: int | None = None  # the graph's output width when it differs from d_model
+    # sentence-transformers' prompts: name -> text prepended to the input.
+    prompts: dict[str, str] = Field(default_factory=dict)
+    default_prompt_name: str | None = None
+    # Rerank / classify: one entry per output logit, and the activation the scores get.
+    labels: list[str] = Field(default_factory=list)
+    problem_type: Literal["single_label", "multi_label", "regression"] | None = None
+    special_tokens: SpecialTokens = SpecialTokens()
+    opset: int
+    inputs: list[Literal["input_ids", "attention_mask", "token_type_ids"]] = Field(
+        default_factory=lambda: ["input_ids", "attention_mask"]
+    )
+    attention_mask_format: str = "raw 2-D mask (left or right padding)"
+    graphs: dict[GraphKey, GraphEntry]
+    tokenizer: FileEntry
+    probe_texts: int
+    versions: dict[str, str] = Field(default_factory=dict)
+    export_seconds: float = 0.0
+
+    @property
+    def dimensions(self) -> int:
+        return self.output_dim or self.d_model
+
+    def files(self) -> dict[str, str]:
+        """file name -> sha256 for every file the manifest lists."""
+        listed = {g.file: g.sha256 for g in self.graphs.values()}
+        listed[self.tokenizer.file] = self.tokenizer.sha256
+        return listed

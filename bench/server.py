@@ -19,13 +19,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def bundle_flags(bundle: Path | list[str]) -> list[str]:
+    bundles = bundle if isinstance(bundle, list) else [str(bundle)]
+    return [flag for b in bundles for flag in ("--bundle", str(b))]
+
+
 def get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as r:
         return r.read()
 
 
 def launch(
-    bundle: Path,
+    bundle: Path | list[str],
     env: dict[str, str] | None = None,
     output: IO | None = None,
     ready_s: float = 120,
@@ -36,11 +41,12 @@ def launch(
     """The process and its URL once /ready answers 200; RuntimeError if it dies or stalls.
 
     `command` runs another installation's `headwise` (default: this interpreter's service.cli).
+    `bundle` may be a list of `DIR` or `NAME=DIR`: one --bundle each, several models.
     """
     port = free_port()
     argv = [*(command or [sys.executable, "-m", "service.cli"]), "serve"]
     proc = subprocess.Popen(
-        [*argv, "--bundle", str(bundle), "--port", str(port)],
+        [*argv, *bundle_flags(bundle), "--port", str(port)],
         env={
             **(os.environ if base_env is None else base_env),
             "HEADWISE_LOG_LEVEL": "warning",

@@ -153,6 +153,7 @@ def build_bundle(
                 "onnx": onnx.__version__,
                 "onnxruntime": ort.__version__,
             },
+            created=int(time.time()),
             export_seconds=round(time.monotonic() - started, 2),
         )
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")

@@ -1,95 +1,55 @@
-"""create_app(settings): the FastAPI app; its lifespan owns the sessions, batchers and threads."""
+"""create_app(settings): the FastAPI app; its lifespan owns the models, batchers and threads."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from service import __version__, errors
-from service.batcher import BatchPolicy, DynamicBatcher
-from service.bundle import Bundle, load_bundle
-from service.embedder import Embedder
+from service.bundle import load_bundle
+from service.core import Core, Loader, ModelSpec
 from service.metrics import Metrics
-from service.routes import embeddings, meta
-from service.runtime import Backend, OnnxEncoder
+from service.middleware import HeadwiseMiddleware
+from service.routes import attention, embeddings, meta
+from service.runtime import Backend, OnnxBackend
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-BackendFactory = Callable[[Bundle, Settings], Backend]
 
-
-def encoder_policy(s: Settings) -> BatchPolicy:
-    return BatchPolicy(
-        max_batch_tokens=s.max_batch_tokens,
-        max_batch_size=s.max_batch_size,
-        max_wait_s=s.max_wait_ms / 1e3,
-        max_padding_ratio=s.max_padding_ratio,
-        max_queue=s.max_queue_texts,
-        padding_slack=s.padding_slack_tokens,
-    )
-
-
-async def _warm(app: FastAPI) -> None:
-    st = app.state
-    try:
-        if st.settings.warmup and hasattr(st.backend, "warmup"):
-            await asyncio.get_running_loop().run_in_executor(None, st.backend.warmup)
-        st.ready = True
-        st.metrics.ready.set(1)
-        log.info("ready: %s", st.bundle.manifest.name)
-    except Exception as exc:  # stay alive but not ready; /ready says "failed"
-        st.load_error = str(exc)
-        log.exception("warmup failed")
+def onnx_loader(spec: ModelSpec, settings: Settings) -> Backend:
+    bundle = load_bundle(spec.path, verify=settings.verify_bundle)
+    return OnnxBackend(bundle, settings)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     st = app.state
     settings: Settings = st.settings
-    bundle = st.bundle or load_bundle(settings.bundle, verify=settings.verify_bundle)
-    st.bundle = bundle
-    st.backend = st.backend_factory(bundle, settings)
-    pad_id = bundle.manifest.special_tokens.pad
-    st.batcher = DynamicBatcher(
-        st.backend.embed, encoder_policy(settings), st.metrics.observer("encode"), "encode", pad_id
-    )
-    st.batcher.start()
-    st.embedder = Embedder(st.backend, st.batcher, settings, st.metrics, bundle.manifest.max_length)
-    st.attention_batcher = None
-    if settings.attention_enabled:
-        from service.routes.attention import attention_batcher
-
-        st.attention_batcher = attention_batcher(st.backend, settings, st.metrics, pad_id)
-        st.attention_batcher.start()
-    runtime = st.backend.info
-    st.metrics.info.labels(
-        bundle.manifest.name, runtime.providers[0], runtime.device, runtime.precision, __version__
-    ).set(1)
-    warm = asyncio.create_task(_warm(app))
+    specs = [ModelSpec.parse(text) for text in settings.bundle_specs()]
+    core = Core.load(specs, st.loader, settings, st.metrics)
+    st.core = core
+    for model in core:
+        runtime = model.backend.info
+        st.metrics.info.labels(
+            model.name, runtime.providers[0], runtime.device, runtime.precision, __version__
+        ).set(1)
+    core.start()
+    warm = asyncio.create_task(core.warm(settings.warmup))
     try:
         yield
     finally:
-        st.ready = False
-        st.metrics.ready.set(0)
         warm.cancel()
-        # Drain: everything accepted is answered before the threads go.
-        await st.batcher.stop()
-        if st.attention_batcher is not None:
-            await st.attention_batcher.stop()
+        await core.stop()
         log.info("stopped; all accepted requests answered")
 
 
-def create_app(
-    settings: Settings | None = None,
-    bundle: Bundle | None = None,
-    backend_factory: BackendFactory | None = None,
-) -> FastAPI:
+def create_app(settings: Settings | None = None, loader: Loader | None = None) -> FastAPI:
     settings = settings or Settings()
     app = FastAPI(
         title="headwise",
@@ -102,17 +62,12 @@ def create_app(
     )
     st = app.state
     st.settings = settings
-    st.bundle = bundle
-    st.backend_factory = backend_factory or OnnxEncoder
+    st.loader = loader or onnx_loader
     st.metrics = Metrics()
-    st.ready = False
-    st.load_error = None
     errors.install(app)
     app.include_router(meta.router)
     app.include_router(embeddings.router)
     if settings.attention_enabled:
-        from service.routes import attention
-
         app.include_router(attention.router)
     if settings.cors_origins:
         app.add_middleware(
@@ -122,8 +77,6 @@ def create_app(
             allow_headers=["authorization", "content-type", "x-request-id"],
             expose_headers=["x-request-id", "x-queue-time", "x-inference-time", "x-total-time"],
         )
-    from service.middleware import HeadwiseMiddleware
-
     api_key = settings.api_key.get_secret_value() if settings.api_key else None
     app.add_middleware(
         HeadwiseMiddleware,

@@ -22,13 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from service.errors import InferenceFailed, Overloaded, Unavailable
+from service.tensors import Batch
 
 log = logging.getLogger(__name__)
 
-Infer = Callable[[np.ndarray, np.ndarray], Sequence[Any]]
+Infer = Callable[[Batch], Sequence[Any]]
 
 
 class BatchObserver(Protocol):
@@ -43,6 +42,7 @@ class Item:
     future: asyncio.Future
     enqueued: float
     deadline: float
+    types: Sequence[int] | None = None  # token type ids (text pairs), same length as ids
     started: float = 0.0  # when its batch began inference
     inference_s: float = 0.0
 
@@ -101,16 +101,6 @@ def select_batch(queue: Sequence[Item], policy: BatchPolicy) -> list[Item]:
     return ordered[lo : hi + 1]
 
 
-def pad(batch: Sequence[Item], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    n = max(it.length for it in batch)
-    ids = np.full((len(batch), n), pad_id, dtype=np.int64)
-    mask = np.zeros((len(batch), n), dtype=np.int64)
-    for row, it in enumerate(batch):
-        ids[row, : it.length] = it.ids
-        mask[row, : it.length] = 1
-    return ids, mask
-
-
 class DynamicBatcher:
     def __init__(
         self,
@@ -130,6 +120,7 @@ class DynamicBatcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
         self._task: asyncio.Task | None = None
         self._closing = False
+        self._prune_scheduled = False
         self.arriving = 0  # requests being tokenised: a batch may wait for them
         self.batches = 0
 
@@ -142,7 +133,12 @@ class DynamicBatcher:
             self._worker(), name=f"batcher-{self.name}"
         )
 
-    def submit(self, sequences: Sequence[Sequence[int]], timeout_s: float) -> list[Item]:
+    def submit(
+        self,
+        sequences: Sequence[Sequence[int]],
+        timeout_s: float,
+        types: Sequence[Sequence[int]] | None = None,
+    ) -> list[Item]:
         """Queue every sequence or none (429 when they don't fit); one item (future) each."""
         if self._closing:
             raise Unavailable("the server is shutting down", retry_after=1)
@@ -155,11 +151,24 @@ class DynamicBatcher:
             )
         loop = asyncio.get_running_loop()
         now = time.monotonic()
-        items = [Item(seq, loop.create_future(), now, now + timeout_s) for seq in sequences]
+        kinds = types if types is not None else [None] * len(sequences)
+        items = [
+            Item(seq, loop.create_future(), now, now + timeout_s, kind)
+            for seq, kind in zip(sequences, kinds, strict=True)
+        ]
+        for it in items:
+            it.future.add_done_callback(self._on_done)
         self._queue.extend(items)
         self._report_depth()
         self._wakeup.set()
         return items
+
+    def _on_done(self, future: asyncio.Future) -> None:
+        """A cancelled text (client gone, deadline passed) leaves the queue, and the queue-depth
+        gauge, at once: one prune per loop tick however many were cancelled together."""
+        if future.cancelled() and not self._prune_scheduled:
+            self._prune_scheduled = True
+            asyncio.get_running_loop().call_soon(self._prune)
 
     async def stop(self) -> None:
         """Refuse new work, finish everything already accepted, then release the thread."""
@@ -175,7 +184,7 @@ class DynamicBatcher:
 
     def _full(self) -> bool:
         q = self._queue
-        if len(q) >= self.policy.max_batch_size:
+        if not q or len(q) >= self.policy.max_batch_size:
             return True
         return max(it.length for it in q) * len(q) >= self.policy.max_batch_tokens
 
@@ -194,6 +203,7 @@ class DynamicBatcher:
 
     def _prune(self) -> None:
         """Drop texts nobody waits for any more, and fail those whose deadline passed."""
+        self._prune_scheduled = False
         now = time.monotonic()
         keep = []
         for it in self._queue:
@@ -207,7 +217,9 @@ class DynamicBatcher:
                     self._observer.rejected("deadline")
                 continue
             keep.append(it)
-        self._queue = keep
+        if len(keep) != len(self._queue):
+            self._queue = keep
+            self._report_depth()
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
@@ -231,6 +243,7 @@ class DynamicBatcher:
             except Exception:  # a bug here must not leave callers waiting: fail the oldest
                 log.exception("%s batcher could not form a batch", self.name)
                 head = self._queue.pop(0)
+                self._report_depth()
                 if not head.future.done():
                     head.future.set_exception(InferenceFailed("could not schedule the request"))
                 continue
@@ -238,13 +251,13 @@ class DynamicBatcher:
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[Item]) -> None:
         try:
-            ids, mask = pad(batch, self._pad_id)
+            padded = Batch.of([it.ids for it in batch], self._pad_id, [it.types for it in batch])
             started = time.monotonic()
             for it in batch:
                 it.started = started
             # Always on the inference thread, never inline: a stuck backend must not stall the
             # event loop (health checks, deadlines and refusals keep working).
-            out = await loop.run_in_executor(self._executor, self._infer, ids, mask)
+            out = await loop.run_in_executor(self._executor, self._infer, padded)
             seconds = time.monotonic() - started
             if len(out) != len(batch):
                 raise RuntimeError(f"backend returned {len(out)} rows for {len(batch)} texts")
@@ -257,7 +270,7 @@ class DynamicBatcher:
         self.batches += 1
         if self._observer:
             real = sum(it.length for it in batch)
-            self._observer.batch(len(batch), ids.size, real, seconds)
+            self._observer.batch(len(batch), padded.input_ids.size, real, seconds)
         for it, row in zip(batch, out, strict=True):
             it.inference_s = seconds
             if not it.future.done():

@@ -6,7 +6,6 @@ import argparse
 import importlib
 import logging
 import sys
-from pathlib import Path
 
 
 def _export(argv: list[str]) -> int:
@@ -25,7 +24,13 @@ def _serve(argv: list[str]) -> int:
     from service.server import serve_command
 
     p = argparse.ArgumentParser(prog="headwise serve", description="Serve a bundle over HTTP.")
-    p.add_argument("--bundle", type=Path, help="bundle folder (env HEADWISE_BUNDLE)")
+    p.add_argument(
+        "--bundle",
+        action="append",
+        metavar="[NAME=]DIR",
+        help="bundle folder to serve; repeat for several models, NAME= names one "
+        "(env HEADWISE_BUNDLES, comma-separated; HEADWISE_BUNDLE for one)",
+    )
     p.add_argument("--host", help="bind address (env HEADWISE_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (env HEADWISE_PORT, default 8000)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="env HEADWISE_DEVICE")

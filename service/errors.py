@@ -18,9 +18,17 @@ from starlette.responses import Response
 log = logging.getLogger(__name__)
 
 
+CLIENT_CLOSED = 499  # nginx's code: the client went away before the answer
+
+
+class ClientGone(Exception):
+    """The caller disconnected; its work was dropped from the queue. Answered 499 (unread)."""
+
+
 class HeadwiseError(Exception):
     status = 500
     kind = "internal_error"
+    code: str | None = None  # OpenAI's machine-readable code; the status when None
 
     def __init__(self, message: str, retry_after: float | None = None, param: str | None = None):
         super().__init__(message)
@@ -53,6 +61,16 @@ class NotFound(HeadwiseError):
     status, kind = 404, "not_found"
 
 
+class ModelNotFound(HeadwiseError):
+    status, kind, code = 404, "invalid_request_error", "model_not_found"
+
+
+class WrongTask(HeadwiseError):
+    """The named model exists but does another task than the route asks for."""
+
+    status, kind, code = 400, "invalid_request_error", "model_task_mismatch"
+
+
 class Overloaded(HeadwiseError):
     status, kind = 429, "overloaded"
 
@@ -67,9 +85,11 @@ class InferenceFailed(HeadwiseError):
     status, kind = 500, "inference_error"
 
 
-def error_body(status: int, kind: str, message: str, param: str | None = None) -> bytes:
+def error_body(
+    status: int, kind: str, message: str, param: str | None = None, code: str | None = None
+) -> bytes:
     return orjson.dumps(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}}
+        {"error": {"message": message, "type": kind, "param": param, "code": code or status}}
     )
 
 
@@ -83,7 +103,7 @@ def error_response(exc: HeadwiseError) -> Response:
         exc.message if exc.status < 500 or exc.status == 503 else "internal error during inference"
     )
     return Response(
-        error_body(exc.status, exc.kind, message, exc.param),
+        error_body(exc.status, exc.kind, message, exc.param, exc.code),
         status_code=exc.status,
         media_type="application/json",
         headers=headers,
@@ -127,6 +147,10 @@ def install(app: FastAPI) -> None:
                 "request %s failed: %s", request.headers.get("x-request-id"), exc, exc_info=exc
             )
         return error_response(exc)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:

@@ -98,6 +98,7 @@ class Manifest(Frozen):
     tokenizer: FileEntry
     probe_texts: int
     versions: dict[str, str] = Field(default_factory=dict)
+    created: int = 0  # unix seconds when the bundle was exported
     export_seconds: float = 0.0
 
     @property

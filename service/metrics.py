@@ -17,85 +17,85 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "headwise_requests",
-            "HTTP requests by endpoint and status code",
-            ["endpoint", "status"],
+            "HTTP requests by endpoint, model (empty when none was chosen) and status code",
+            ["endpoint", "model", "status"],
             registry=r,
         )
         self.request_duration = Histogram(
             "headwise_request_duration_seconds",
             "Whole request time",
-            ["endpoint"],
+            ["endpoint", "model"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.tokenization_duration = Histogram(
             "headwise_tokenization_duration_seconds",
             "Tokenisation time per request",
-            ["path"],
+            ["path", "model"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.queue_duration = Histogram(
             "headwise_queue_duration_seconds",
             "Time a request's texts waited for a batch",
-            ["path"],
+            ["path", "model"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.inference_duration = Histogram(
             "headwise_inference_duration_seconds",
             "Graph run time per batch",
-            ["path"],
+            ["path", "model"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(
-            "headwise_batch_size", "Texts per batch", ["path"], buckets=SIZE_BUCKETS, registry=r
+            "headwise_batch_size", "Texts per batch", ["path", "model"], buckets=SIZE_BUCKETS, registry=r
         )
         self.batch_tokens = Histogram(
             "headwise_batch_tokens",
             "Padded tokens (longest x count) per batch",
-            ["path"],
+            ["path", "model"],
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
         self.batch_padding = Histogram(
             "headwise_batch_padding_ratio",
             "Share of a batch's computed tokens that are padding",
-            ["path"],
+            ["path", "model"],
             buckets=RATIO_BUCKETS,
             registry=r,
         )
-        self.tokens = Counter("headwise_tokens", "Real tokens computed", ["path"], registry=r)
+        self.tokens = Counter("headwise_tokens", "Real tokens computed", ["path", "model"], registry=r)
         self.padded_tokens = Counter(
-            "headwise_padded_tokens", "Tokens computed including padding", ["path"], registry=r
+            "headwise_padded_tokens", "Tokens computed including padding", ["path", "model"], registry=r
         )
         self.padding_ratio = Gauge(
             "headwise_padding_ratio",
             "Padding share of all computed tokens since start",
-            ["path"],
+            ["path", "model"],
             registry=r,
         )
         self.input_length = Histogram(
             "headwise_input_tokens",
             "Tokens per input after truncation",
-            ["path"],
+            ["path", "model"],
             buckets=tuple(2**i for i in range(11)),
             registry=r,
         )
         self.truncated = Counter(
             "headwise_truncated_inputs",
             "Inputs cut at the model's max length",
-            ["path"],
+            ["path", "model"],
             registry=r,
         )
         self.queue_depth = Gauge(
-            "headwise_queue_depth", "Texts waiting for a batch", ["path"], registry=r
+            "headwise_queue_depth", "Texts waiting for a batch", ["path", "model"], registry=r
         )
         self.rejected = Counter(
             "headwise_rejected",
             "Requests refused before inference, by reason",
-            ["path", "reason"],
+            ["path", "model", "reason"],
             registry=r,
         )
         self.inflight = Gauge("headwise_inflight_requests", "Requests being handled", registry=r)
@@ -105,27 +105,31 @@ class Metrics:
             ["model", "provider", "device", "precision", "version"],
             registry=r,
         )
-        self.ready = Gauge("headwise_ready", "1 when the model is loaded and warm", registry=r)
+        self.ready = Gauge(
+            "headwise_ready", "1 when every model is loaded and warm", registry=r
+        )
 
-    def observer(self, path: str) -> BatchMetrics:
-        return BatchMetrics(self, path)
+    def observer(self, path: str, model: str) -> BatchMetrics:
+        return BatchMetrics(self, path, model)
 
 
 class BatchMetrics:
-    """What a DynamicBatcher reports, labelled by its path (encode or attention)."""
+    """What a DynamicBatcher reports, labelled by its path (encode, attention, ...) and model."""
 
-    def __init__(self, metrics: Metrics, path: str) -> None:
+    def __init__(self, metrics: Metrics, path: str, model: str) -> None:
         m = metrics
-        self._size = m.batch_size.labels(path)
-        self._tokens = m.batch_tokens.labels(path)
-        self._padding = m.batch_padding.labels(path)
-        self._inference = m.inference_duration.labels(path)
-        self._real_total = m.tokens.labels(path)
-        self._padded_total = m.padded_tokens.labels(path)
-        self._ratio = m.padding_ratio.labels(path)
-        self._depth = m.queue_depth.labels(path)
+        labels = (path, model)
+        self._size = m.batch_size.labels(*labels)
+        self._tokens = m.batch_tokens.labels(*labels)
+        self._padding = m.batch_padding.labels(*labels)
+        self._inference = m.inference_duration.labels(*labels)
+        self._real_total = m.tokens.labels(*labels)
+        self._padded_total = m.padded_tokens.labels(*labels)
+        self._ratio = m.padding_ratio.labels(*labels)
+        self._depth = m.queue_depth.labels(*labels)
+        self._depth.set(0)
         self._rejected = m.rejected
-        self._path = path
+        self._labels = labels
         self._real = 0
         self._padded = 0
 
@@ -144,4 +148,4 @@ class BatchMetrics:
         self._depth.set(texts)
 
     def rejected(self, reason: str) -> None:
-        self._rejected.labels(self._path, reason).inc()
+        self._rejected.labels(*self._labels, reason).inc()

@@ -119,8 +119,11 @@ class HeadwiseMiddleware:
             await self.app(scope, _replay(body, receive), send_with_headers)
         finally:
             self.metrics.inflight.dec()
-            self.metrics.requests.labels(endpoint, str(status_seen[0])).inc()
-            self.metrics.request_duration.labels(endpoint).observe(time.monotonic() - started)
+            model = state.get("model", "")  # set by the route once it has picked a model
+            self.metrics.requests.labels(endpoint, model, str(status_seen[0])).inc()
+            self.metrics.request_duration.labels(endpoint, model).observe(
+                time.monotonic() - started
+            )
 
     def _declared_too_large(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:

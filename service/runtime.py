@@ -1,9 +1,9 @@
-"""OnnxEncoder: the bundle's tokenizer and ONNX Runtime sessions behind a narrow interface.
+"""The backend interface the pipelines talk to, and its ONNX Runtime implementation.
 
-pre:  tokenize(texts) -> encodings             (batch, truncation at max length)
-core: embed(ids, mask) -> (B, d) float32       (the fused serving graph)
-      attend(ids, mask) -> (B, d), (L, B, h, N, N)   (the unfused debug graph)
-post: pooling is in the graph; normalisation and dimensions are per request (embedder.py)
+pre:  tokenize(texts) / tokenize_pairs(pairs) -> encodings (truncated at the max length)
+core: run(batch) -> (B, d) pooled embeddings or (B, labels) logits   (the fused serving graph)
+      attend(batch) -> primary output, attentions (L, B, h, N, N)     (the unfused debug graph)
+post: normalisation, dimensions, activations are per request, in the pipelines
 """
 
 from __future__ import annotations
@@ -17,23 +17,42 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from service.bundle import Bundle
+from service.manifest import GraphKey, Manifest
+from service.sessions import CPU, CUDA, build_session
 from service.settings import Settings
+from service.tensors import Batch
 
 log = logging.getLogger(__name__)
 
-CUDA = "CUDAExecutionProvider"
-CPU = "CPUExecutionProvider"
-
 
 class DeviceUnavailable(RuntimeError):
-    """The settings demand a GPU that ONNX Runtime cannot use here."""
+    """The settings demand a GPU (or a graph) that this machine or bundle cannot give."""
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    providers: list[str]
+    graph: GraphKey
+    precision: str
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.providers[0] == CUDA else "cpu"
 
 
 class Backend(Protocol):
+    """Everything the core and the pipelines call on a model; tests use a fake."""
+
+    manifest: Manifest
+    info: RuntimeInfo
+
     def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]: ...
+    def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]: ...
     def count_tokens(self, text: str) -> int: ...
-    def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray: ...
-    def attend(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+    def run(self, batch: Batch) -> np.ndarray: ...
+    def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]: ...
+    def warmup(self) -> None: ...
 
 
 def choose_providers(device: str, available: list[str]) -> list[str]:
@@ -51,97 +70,82 @@ def choose_providers(device: str, available: list[str]) -> list[str]:
     return [CPU]
 
 
-def choose_graph(bundle: Bundle, precision: str, on_cuda: bool) -> str:
+def choose_graph(bundle: Bundle, precision: str, on_cuda: bool) -> GraphKey:
     """Manifest key of the serving graph for this precision and device."""
     if precision == "auto":
         return "encoder_fp16" if on_cuda and bundle.has_graph("encoder_fp16") else "encoder"
-    key = {"fp32": "encoder", "fp16": "encoder_fp16", "int8": "encoder_int8"}[precision]
+    key: GraphKey = {"fp32": "encoder", "fp16": "encoder_fp16", "int8": "encoder_int8"}[precision]
     if not bundle.has_graph(key):
         flag = {"encoder_fp16": "--fp16", "encoder_int8": "--int8"}.get(key, "")
         raise DeviceUnavailable(f"precision {precision} needs a bundle exported with {flag}")
     return key
 
 
-@dataclass(frozen=True)
-class RuntimeInfo:
-    providers: list[str]
-    graph: str
-    precision: str
-
-    @property
-    def device(self) -> str:
-        return "cuda" if self.providers[0] == CUDA else "cpu"
+def _inputs(session: ort.InferenceSession) -> list[str]:
+    return [i.name for i in session.get_inputs()]
 
 
-class OnnxEncoder:
-    def __init__(self, bundle: Bundle, settings: Settings) -> None:
+class OnnxBackend:
+    def __init__(self, bundle: Bundle, settings: Settings, spin: bool = True) -> None:
         self.bundle = bundle
+        self.manifest = bundle.manifest
         self.tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
         self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=bundle.manifest.max_length)
+        self.tokenizer.enable_truncation(max_length=self.manifest.max_length)
         self._untruncated = Tokenizer.from_file(str(bundle.tokenizer_path))
         self._untruncated.no_truncation()
         providers = choose_providers(settings.device, ort.get_available_providers())
         graph = choose_graph(bundle, settings.precision, providers[0] == CUDA)
-        self.session = self._session(
-            bundle.graph_path(graph), providers, settings, settings.spinning
+        self.session = build_session(
+            bundle.graph_path(graph), providers, settings.threads, spin and settings.spinning
         )
+        self._feeds = _inputs(self.session)
         used = self.session.get_providers()
         if settings.device == "cuda" and CUDA not in used:
             raise DeviceUnavailable(f"CUDA provider failed to start for {graph}; providers: {used}")
         if providers[0] == CUDA and CUDA not in used:
             log.warning("CUDA provider failed to start; serving on the CPU")
-        self.info = RuntimeInfo(used, graph, bundle.manifest.graphs[graph].precision)
+        self.info = RuntimeInfo(used, graph, self.manifest.graphs[graph].precision)
         self.attention_session = None
-        if settings.attention_enabled:
+        if settings.attention_enabled and bundle.has_graph("attention"):
             # Attention maps are fp32 on purpose: they are for looking at, not for speed.
             # Its threads never spin: an idle debug session must not steal the encoder's cores.
-            self.attention_session = self._session(
-                bundle.graph_path("attention"), used, settings, False
+            self.attention_session = build_session(
+                bundle.graph_path("attention"), used, settings.threads, spin=False
             )
-        log.info("serving %s (%s) on %s", graph, self.info.precision, used[0])
-
-    @staticmethod
-    def _session(
-        path, providers: list[str], settings: Settings, spin: bool
-    ) -> ort.InferenceSession:
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.intra_op_num_threads = settings.threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # Spinning cuts the wake-up latency of every parallel op; several sessions spinning at
-        # once fight for the cores (measured ~5x slower), so only the serving session spins.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-        # ...and spinning past the end of a run steals the core the HTTP side needs next:
-        # spin between the ops of a run, stop when it returns (measured: best of both).
-        opts.add_session_config_entry("session.force_spinning_stop", "1")
-        opts.log_severity_level = 3
-        return ort.InferenceSession(str(path), opts, providers=providers)
+        log.info("%s: serving %s (%s) on %s", self.manifest.name, graph, self.info.precision, used[0])
 
     def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
         if len(texts) == 1:
             return [self.tokenizer.encode(texts[0], add_special_tokens=add_special_tokens)]
         return self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
 
+    def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]:
+        return self.tokenizer.encode_batch(pairs)
+
     def count_tokens(self, text: str) -> int:
         """Length without truncation, for the error that names it."""
         return len(self._untruncated.encode(text).ids)
 
-    def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        (out,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def run(self, batch: Batch) -> np.ndarray:
+        (out,) = self.session.run(None, batch.feeds(self._feeds))[:1]
         return out
 
-    def attend(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         if self.attention_session is None:
             raise RuntimeError("attention graph not loaded")
-        emb, attn = self.attention_session.run(None, {"input_ids": ids, "attention_mask": mask})
-        return emb, attn
+        primary, attn = self.attention_session.run(
+            None, batch.feeds(_inputs(self.attention_session))
+        )
+        return primary, attn
 
     def warmup(self) -> None:
-        for n in (8, self.bundle.manifest.max_length):
-            ids = np.full((2, n), 1000, dtype=np.int64)
-            mask = np.ones_like(ids)
-            self.embed(ids, mask)
+        for n in (8, self.manifest.max_length):
+            ids = np.full((2, n), 5, dtype=np.int64)
+            batch = Batch(ids, np.ones_like(ids))
+            self.run(batch)
             if self.attention_session is not None and n <= 64:
-                self.attend(ids, mask)
+                self.attend(batch)

@@ -47,14 +47,25 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+ModelName = Annotated[StrictStr | None, Field(description="served model; default: the first")]
+
+
 class EncodeRequest(Strict):
     inputs: Texts = Field(description="a text or a list of texts")
-    normalize: StrictBool = Field(True, description="L2-normalise each vector")
+    model: ModelName = None
+    normalize: StrictBool | None = Field(
+        None,
+        description="L2-normalise each vector; default: as the model's sentence-transformers "
+        "pipeline does (its Normalize module)",
+    )
     truncate: StrictBool = Field(
         True, description="cut at the model's max length; false: 413 instead"
     )
     dimensions: Annotated[StrictInt, Field(ge=1)] | None = Field(
         None, description="keep the first k components (Matryoshka), then re-normalise"
+    )
+    prompt_name: StrictStr | None = Field(
+        None, description="one of the model's prompts (sentence-transformers); default: its own"
     )
 
 
@@ -68,11 +79,13 @@ class OpenAIEmbeddingsRequest(Strict):
 
 class TokenizeRequest(Strict):
     inputs: Texts
+    model: ModelName = None
     add_special_tokens: StrictBool = True
 
 
 class AttentionRequest(Strict):
     input: Annotated[StrictStr, BeforeValidator(_one_text)]
+    model: ModelName = None
     layers: list[StrictInt] | None = Field(None, description="layer indices; all when null")
     heads: list[StrictInt] | None = Field(None, description="head indices; all when null")
     truncate: StrictBool = Field(

@@ -8,8 +8,9 @@ import logging
 import onnxruntime as ort
 import uvicorn
 
-from service.bundle import BundleError, load_bundle
-from service.runtime import DeviceUnavailable, choose_providers
+from service.bundle import Bundle, BundleError, load_bundle
+from service.core import ModelSpec, unique_names
+from service.runtime import Backend, DeviceUnavailable, OnnxBackend, choose_providers
 from service.settings import Settings
 
 log = logging.getLogger("headwise")
@@ -31,22 +32,33 @@ def configure_logging(level: str) -> None:
     )
 
 
+def check_bundles(settings: Settings) -> dict[ModelSpec, Bundle]:
+    """Every bundle readable (hashes checked once) and uniquely named, before the port is bound."""
+    specs = [ModelSpec.parse(text) for text in settings.bundle_specs()]
+    loaded = [load_bundle(spec.path, verify=settings.verify_bundle) for spec in specs]
+    unique_names(specs, [b.manifest.name for b in loaded])
+    return dict(zip(specs, loaded, strict=True))
+
+
 def serve_command(args: argparse.Namespace) -> int:
-    overrides = {
-        k: v for k in ("bundle", "host", "port", "device") if (v := getattr(args, k)) is not None
-    }
+    overrides = {k: v for k in ("host", "port", "device") if (v := getattr(args, k)) is not None}
+    if args.bundle:
+        overrides["bundles"] = args.bundle
     settings = Settings(**overrides)
     configure_logging(settings.log_level)
     try:
-        bundle = load_bundle(settings.bundle, verify=settings.verify_bundle)
+        bundles = check_bundles(settings)
         if settings.device == "cuda":  # fail before binding the port when the GPU is missing
             choose_providers(settings.device, ort.get_available_providers())
-    except (BundleError, DeviceUnavailable) as exc:
+    except (BundleError, DeviceUnavailable, ValueError) as exc:
         log.error("cannot serve: %s", exc)
         return 1
     from service.app import create_app
 
-    app = create_app(settings, bundle=bundle)
+    def preloaded(spec: ModelSpec, s: Settings) -> Backend:
+        return OnnxBackend(bundles[spec], s)
+
+    app = create_app(settings, loader=preloaded)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HEADWISE_", extra="ignore")
 
-    bundle: Path = Field(Path("bundles/default"), description="bundle folder to serve")
+    bundle: Path = Field(
+        Path("bundles/default"), description="bundle folder to serve, when BUNDLES is empty"
+    )
+    bundles: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="several bundles: comma-separated DIR or NAME=DIR (first answers by default)",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -80,6 +86,16 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(
         30.0, gt=0, description="grace for in-flight requests on SIGTERM"
     )
+
+    @field_validator("bundles", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    def bundle_specs(self) -> list[str]:
+        return self.bundles or [str(self.bundle)]
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

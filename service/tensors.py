@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,3 +39,36 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
     return vectors / np.maximum(norms, 1e-12)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A padded batch, named as the graphs name their inputs; token types only for pairs."""
+
+    input_ids: np.ndarray  # (B, N) int64
+    attention_mask: np.ndarray  # (B, N) int64, 1 = real token
+    token_type_ids: np.ndarray | None = None  # (B, N) int64
+
+    @classmethod
+    def of(
+        cls,
+        sequences: Sequence[Sequence[int]],
+        pad_id: int = 0,
+        types: Sequence[Sequence[int] | None] | None = None,
+    ) -> Batch:
+        ids, mask = pad_batch(sequences, pad_id)
+        type_ids = None
+        if types is not None and any(t is not None for t in types):
+            type_ids = pad_types([t or () for t in types], ids.shape[1])
+        return cls(ids, mask, type_ids)
+
+    def feeds(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The arrays a graph with these input names takes (types default to zeros)."""
+        out = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if "token_type_ids" in names:
+            types = self.token_type_ids
+            out["token_type_ids"] = types if types is not None else np.zeros_like(self.input_ids)
+        return {name: out[name] for name in names}
+
+    def __len__(self) -> int:
+        return len(self.input_ids)

@@ -24,7 +24,7 @@ class Live:
 
 @contextmanager
 def serve(
-    bundle: Path, tmp: Path, env: dict[str, str] | None = None, ready_s: float = 90
+    bundle: Path | list[str], tmp: Path, env: dict[str, str] | None = None, ready_s: float = 90
 ) -> Iterator[Live]:
     log = tmp / f"server-{time.monotonic_ns()}.log"
     with log.open("wb") as out:

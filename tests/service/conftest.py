@@ -1,8 +1,7 @@
-"""Service fixtures: an app on the tiny bundle, driven in-process."""
+"""Service fixtures: an app on the tiny bundle (or on fake backends), driven in-process."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,16 +15,17 @@ from service.settings import Settings
 
 @contextmanager
 def client_for(
-    bundle: Path, backend_factory=None, wait_ready: bool = True, **overrides
+    bundle: Path | list[str], loader=None, wait_ready: bool = True, **overrides
 ) -> Iterator[TestClient]:
-    settings = Settings(bundle=bundle, **overrides)
-    app = create_app(settings, backend_factory=backend_factory)
+    """A TestClient on one bundle (a path) or several (["NAME=DIR", ...]); waits until warm."""
+    if isinstance(bundle, list):
+        overrides["bundles"] = bundle
+    else:
+        overrides["bundle"] = bundle
+    app = create_app(Settings(**overrides), loader=loader)
     with TestClient(app) as client:
-        deadline = time.monotonic() + 30
-        while wait_ready and not app.state.ready and time.monotonic() < deadline:
-            if app.state.load_error:
-                break
-            time.sleep(0.01)
+        if wait_ready:
+            client.portal.call(app.state.core.wait_ready)
         yield client
 
 

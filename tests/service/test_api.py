@@ -6,7 +6,6 @@ import base64
 import json
 import subprocess
 import sys
-import time
 
 import numpy as np
 import onnxruntime as ort
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
 from export import verify
+from service.app import onnx_loader
 from tests.service.conftest import client_for
 
 
@@ -69,7 +69,7 @@ def test_truncation_by_default_is_counted(client):
     r = client.post("/encode", json={"inputs": "word " * 200})
     assert r.status_code == 200 and r.json()["tokens"] == [48]
     metrics = client.get("/metrics").text
-    assert 'headwise_truncated_inputs_total{path="encode"}' in metrics
+    assert 'headwise_truncated_inputs_total{model="tiny-random",path="encode"}' in metrics
 
 
 def test_openai_float_and_base64_agree(client):
@@ -151,7 +151,8 @@ def test_metrics_families(client):
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for s in families["headwise_requests"].samples
     }
-    assert samples[("headwise_requests_total", (("endpoint", "/encode"), ("status", "200")))] >= 1
+    key = (("endpoint", "/encode"), ("model", "tiny-random"), ("status", "200"))
+    assert samples[("headwise_requests_total", key)] >= 1
 
 
 def test_not_ready_answers_503(tiny_bundle):
@@ -159,21 +160,18 @@ def test_not_ready_answers_503(tiny_bundle):
 
     gate = threading.Event()
 
-    def slow_backend(bundle, settings):
-        from service.runtime import OnnxEncoder
-
-        backend = OnnxEncoder(bundle, settings)
+    def slow_backend(spec, settings):
+        backend = onnx_loader(spec, settings)
         backend.warmup = lambda: gate.wait(10)
         return backend
 
-    with client_for(tiny_bundle, backend_factory=slow_backend, wait_ready=False) as c:
+    with client_for(tiny_bundle, loader=slow_backend, wait_ready=False) as c:
         r = c.get("/ready")
         assert r.status_code == 503 and r.headers["retry-after"]
         assert c.post("/encode", json={"inputs": "x"}).status_code == 503
         gate.set()
-        deadline = time.monotonic() + 10
-        while c.get("/ready").status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        c.portal.call(c.app.state.core.wait_ready)
+        assert c.get("/ready").status_code == 200
         assert c.post("/encode", json={"inputs": "x"}).status_code == 200
 
 
@@ -183,7 +181,7 @@ def test_service_never_imports_torch(tiny_bundle):
         "from fastapi.testclient import TestClient;"
         f"app = create_app(Settings(bundle={str(tiny_bundle)!r}));"
         "c = TestClient(app).__enter__();"
-        "import time; time.sleep(0.5);"
+        "c.portal.call(app.state.core.wait_ready);"
         "assert c.post('/encode', json={'inputs': 'x'}).status_code == 200;"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'models', 'export'))];"
         "assert not bad, bad"
@@ -192,24 +190,22 @@ def test_service_never_imports_torch(tiny_bundle):
 
 
 def test_a_failing_backend_answers_500_without_internals_and_recovers(tiny_bundle):
-    from service.runtime import OnnxEncoder
-
     calls = {"n": 0}
 
-    def flaky(bundle, settings):
-        backend = OnnxEncoder(bundle, settings)
-        real = backend.embed
+    def flaky(spec, settings):
+        backend = onnx_loader(spec, settings)
+        real = backend.run
 
-        def embed(ids, mask):
+        def run(batch):
             calls["n"] += 1
             if calls["n"] == 1:
                 raise RuntimeError("/secret/path exploded")
-            return real(ids, mask)
+            return real(batch)
 
-        backend.embed = embed
+        backend.run = run
         return backend
 
-    with client_for(tiny_bundle, backend_factory=flaky, warmup=False) as c:
+    with client_for(tiny_bundle, loader=flaky, warmup=False) as c:
         r = c.post("/encode", json={"inputs": "x"})
         assert r.status_code == 500
         assert "secret" not in r.text and r.json()["error"]["type"] == "inference_error"

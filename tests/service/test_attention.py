@@ -82,15 +82,15 @@ def test_padding_never_leaks_into_a_shared_batch(tiny_bundle):
     async def main():
         app = create_app(Settings(bundle=tiny_bundle))
         async with app.router.lifespan_context(app):
-            while not app.state.ready:
-                await asyncio.sleep(0.01)
+            await app.state.core.wait_ready()
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
                 alone = (await c.post("/attention", json={"input": short})).json()
                 together = await asyncio.gather(
                     *(c.post("/attention", json={"input": t}) for t in (long_, short, long_, short))
                 )
-            return alone, [r.json() for r in together], app.state.attention_batcher.batches
+            batcher = app.state.core.models["tiny-random"].attention.batcher
+            return alone, [r.json() for r in together], batcher.batches
 
     alone, together, batches = asyncio.run(main())
     assert batches < 5  # some were batched with a longer input
@@ -140,8 +140,8 @@ def test_png_is_a_grid_of_the_selected_maps(client):
 def test_attention_metrics_are_separate_from_encode(client):
     client.post("/attention", json={"input": TEXT})
     text = client.get("/metrics").text
-    assert 'headwise_batch_size_count{path="attention"}' in text
-    assert 'headwise_requests_total{endpoint="/attention",status="200"}' in text
+    assert 'headwise_batch_size_count{model="tiny-random",path="attention"}' in text
+    assert 'headwise_requests_total{endpoint="/attention",model="tiny-random",status="200"}' in text
 
 
 def test_head_stats_on_a_known_map():

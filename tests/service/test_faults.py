@@ -103,3 +103,23 @@ def test_settings_come_from_headwise_variables(monkeypatch, tiny_bundle):
     s = Settings()
     assert s.max_batch_tokens == 1234 and s.api_key.get_secret_value() == "zq-secret-9"
     assert "zq-secret-9" not in repr(s)
+
+
+def test_two_bundles_with_one_name_refuse_to_start_naming_both(tiny_bundle):
+    done = serve_once(tiny_bundle, "--bundle", str(tiny_bundle))
+    assert done.returncode == 1
+    assert "two bundles are named 'tiny-random'" in done.stderr and "NAME=DIR" in done.stderr
+
+
+def test_one_unloadable_bundle_among_several_refuses_to_start_naming_it(tiny_bundle, tmp_path):
+    done = serve_once(tiny_bundle, "--bundle", f"other={tmp_path / 'nowhere'}")
+    assert done.returncode == 1 and str(tmp_path / "nowhere") in done.stderr
+
+
+def test_a_bundle_of_another_format_is_refused_naming_both_versions(bundle_copy):
+    import json
+
+    path = bundle_copy / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "format": 1}))
+    with pytest.raises(BundleError, match="format 1.*reads format 2"):
+        load_bundle(bundle_copy)

@@ -12,13 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.server import free_port
 from service.app import create_app
-from service.runtime import OnnxEncoder
 from service.settings import Settings
 from tests.live import serve
 from tests.service.conftest import client_for
+from tests.service.fakes import FakeBackend, fake_loader, fake_manifest
+from tests.waiting import until
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -80,85 +82,63 @@ def test_storm_is_answered_429_quickly_and_accepted_requests_complete(default_bu
         assert peak < rss_before + 500  # bounded queue, bounded memory
 
 
-class GatedEncoder(OnnxEncoder):
-    """The real backend, held at a gate, recording every sequence it computes."""
-
-    gate: threading.Event
-    seen: list[list[int]]
-
-    def embed(self, ids, mask):
-        self.gate.wait(10)
-        self.seen.extend(row[m.astype(bool)].tolist() for row, m in zip(ids, mask, strict=True))
-        return super().embed(ids, mask)
+def fake_client(**overrides):
+    backend = FakeBackend(fake_manifest("fake"))
+    return backend, client_for(Path("fake"), loader=fake_loader(backend), **overrides)
 
 
-def gated_factory():
-    gate, seen = threading.Event(), []
-
-    def factory(bundle, settings):
-        backend = GatedEncoder(bundle, settings)
-        backend.gate, backend.seen = gate, seen
-        return backend
-
-    return factory, gate, seen
-
-
-def test_deadline_answers_503_and_frees_the_slot(tiny_bundle):
-    factory, gate, seen = gated_factory()
-    gate.set()
-    with client_for(tiny_bundle, backend_factory=factory, request_timeout_s=0.5, warmup=False) as c:
-        gate.clear()
-        t0 = time.monotonic()
+def test_deadline_answers_503_and_frees_the_slot():
+    backend, client = fake_client(request_timeout_s=0.5)
+    with client as c:
+        backend.release.clear()
         r = c.post("/encode", json={"inputs": "stuck behind a slow batch"})
         assert r.status_code == 503 and r.headers["retry-after"]
         assert "did not finish within 0.5 s" in r.json()["error"]["message"]
-        assert time.monotonic() - t0 < 5
-        gate.set()
+        backend.release.set()
         assert c.post("/encode", json={"inputs": "next"}).status_code == 200
-        assert c.app.state.batcher.depth == 0
+        assert c.app.state.core.models["fake"].embed.batcher.depth == 0
 
 
-def test_a_client_that_disconnects_mid_queue_costs_no_compute(tiny_bundle):
-    factory, gate, seen = gated_factory()
-    gate.set()
-    settings = Settings(bundle=tiny_bundle, warmup=False, port=free_port())
-    app = create_app(settings, backend_factory=factory)
+def queue_depth(url: str) -> float:
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        if family.name == "headwise_queue_depth":
+            return sum(s.value for s in family.samples if s.labels["path"] == "encode")
+    return 0.0
+
+
+def test_a_client_that_disconnects_mid_queue_costs_no_compute_and_leaves_the_gauge():
+    backend = FakeBackend(fake_manifest("fake"))
+    settings = Settings(bundle=Path("fake"), port=free_port())
+    app = create_app(settings, loader=fake_loader(backend))
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    url = f"http://127.0.0.1:{settings.port}"
     try:
-        url = f"http://127.0.0.1:{settings.port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        gate.clear()
+        until(lambda: server.started, "the server to start")
+        backend.release.clear()
         blocker = threading.Thread(
-            target=lambda: httpx.post(f"{url}/encode", json={"inputs": "blocker"})
+            target=lambda: httpx.post(f"{url}/encode", json={"inputs": "hello"}, timeout=30)
         )
         blocker.start()
-        time.sleep(0.3)  # the blocker's batch is in the backend, held at the gate
+        assert backend.entered.wait(10), "the blocker never reached the backend"
         body = b'{"inputs": "zebra zebra zebra zebra"}'
         with socket.create_connection(("127.0.0.1", settings.port)) as s:
             s.sendall(
                 b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
             )
-            time.sleep(0.3)  # queued behind the blocker
-        time.sleep(0.3)  # the server notices the closed connection
-        gate.set()
+            until(lambda: queue_depth(url) == 1, "the request to be queued behind the blocker")
+        until(lambda: queue_depth(url) == 0, "the gauge to drop when the client went away")
+        backend.release.set()
         blocker.join(10)
-        assert httpx.post(f"{url}/encode", json={"inputs": "after"}).status_code == 200
-        zebra = httpx.post(f"{url}/tokenize", json={"inputs": "zebra"}).json()["results"][0]["ids"][
-            1
-        ]
-        assert not any(zebra in row for row in seen), "the disconnected request was computed"
-        assert any(len(row) > 0 for row in seen)
+        assert httpx.post(f"{url}/encode", json={"inputs": "one"}).status_code == 200
+        zebra = backend.tokenizer.token_to_id("zebra")
+        assert not any(zebra in row for row in backend.seen), "the disconnected request was computed"
+        assert len(backend.seen) == 2
     finally:
+        backend.release.set()
         server.should_exit = True
         thread.join(10)

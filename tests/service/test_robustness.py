@@ -218,7 +218,8 @@ def test_chunked_body_over_the_limit_is_413(tiny_bundle):
 def test_slow_bodies_time_out_and_too_many_connections_get_503(tiny_bundle, tmp_path):
     """A client trickling its body is cut off (408); past the concurrency limit, 503."""
     import socket
-    import time
+
+    from tests.waiting import until
 
     env = {"HEADWISE_BODY_TIMEOUT_S": "0.5", "HEADWISE_MAX_CONCURRENCY": "3"}
     with serve(tiny_bundle, tmp_path, env=env) as server:
@@ -228,14 +229,17 @@ def test_slow_bodies_time_out_and_too_many_connections_get_503(tiny_bundle, tmp_
         try:
             for s in slow:
                 s.sendall(head + b'{"inputs": ')  # and then nothing more
-            time.sleep(0.1)
-            crowded = [httpx.get(f"{server.url}/health", timeout=5) for _ in range(3)]
-            assert 503 in [r.status_code for r in crowded]
+            until(
+                lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503,
+                "the server to count the slow connections against its limit",
+            )
             slow[0].settimeout(5)
             answer = slow[0].recv(4096)
             assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in answer
         finally:
             for s in slow:
                 s.close()
-        time.sleep(0.2)
-        assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+        until(
+            lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 200,
+            "the slots of the closed connections to be free again",
+        )

@@ -1,0 +1,1 @@
+"""One pipeline per task: validate -> tokenise -> queue -> post-process. Routes only translate."""

@@ -1,0 +1,184 @@
+"""One text in, what every head looks at out: maps, head statistics, token importance.
+
+It has its own small queue and thread, so that debugging never starves /encode, and everything
+heavy after inference (slicing, statistics, serialisation: tens to hundreds of ms for a long
+text) runs on a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import orjson
+from tokenizers import Encoding
+
+from service import attention as analysis
+from service.batcher import BatchPolicy, DynamicBatcher
+from service.errors import InvalidInput, PayloadTooLarge
+from service.heatmap import encode_png, grid_image
+from service.metrics import Metrics
+from service.pipelines.common import Timings, tokenized, wait_all
+from service.runtime import Backend
+from service.settings import Settings
+from service.tensors import Batch, l2_normalize
+
+
+@dataclass
+class Rendered:
+    body: bytes
+    media_type: str
+    timings: Timings
+
+
+def select(name: str, chosen: list[int] | None, count: int) -> list[int]:
+    if chosen is None:
+        return list(range(count))
+    if not chosen:
+        raise InvalidInput(f"{name} must not be empty (null selects all)", param=name)
+    bad = [i for i in chosen if not 0 <= i < count]
+    if bad:
+        raise InvalidInput(f"{name} {bad} out of range: valid are 0..{count - 1}", param=name)
+    return list(dict.fromkeys(chosen))
+
+
+def _index_of(ids: list[int], token_id: int | None, last: bool = False) -> int | None:
+    if token_id is None or token_id not in ids:
+        return None
+    return len(ids) - 1 - ids[::-1].index(token_id) if last else ids.index(token_id)
+
+
+@dataclass(frozen=True)
+class Query:
+    text: str
+    layers: list[int]
+    heads: list[int]
+    truncate: bool
+    format: Literal["json", "png"]
+
+
+class AttentionPipeline:
+    def __init__(self, name: str, backend: Backend, settings: Settings, metrics: Metrics) -> None:
+        self.name = name
+        self.backend = backend
+        self.settings = settings
+        self.manifest = backend.manifest
+        policy = BatchPolicy(
+            max_batch_tokens=settings.attention_max_tokens * 4,
+            max_batch_size=4,
+            max_wait_s=0.0,
+            max_padding_ratio=1.0,
+            max_queue=settings.attention_queue,
+        )
+        self.batcher = DynamicBatcher(
+            self._infer,
+            policy,
+            metrics.observer("attention", name),
+            f"attention-{name}",
+            self.manifest.special_tokens.pad,
+        )
+
+    def _infer(self, batch: Batch) -> list[tuple[np.ndarray, np.ndarray]]:
+        primary, attn = self.backend.attend(batch)  # (B, d), (L, B, h, N, N)
+        return [(primary[i], attn[:, i]) for i in range(len(batch))]
+
+    def query(
+        self,
+        text: str,
+        layers: list[int] | None,
+        heads: list[int] | None,
+        truncate: bool,
+        format: Literal["json", "png"],
+    ) -> Query:
+        """Validate what needs no tokenizer."""
+        if len(text) > self.settings.max_input_chars:
+            raise PayloadTooLarge(
+                f"input has {len(text)} characters; the limit is {self.settings.max_input_chars}"
+            )
+        return Query(
+            text,
+            select("layers", layers, self.manifest.num_layers),
+            select("heads", heads, self.manifest.num_heads),
+            truncate,
+            format,
+        )
+
+    async def run(self, q: Query, disconnected: asyncio.Future | None = None) -> Rendered:
+        s = self.settings
+        limit = min(s.attention_max_tokens, self.manifest.max_length)
+        (enc,), tokenization_s = await tokenized(self.backend.tokenize, [q.text], len(q.text))
+        ids = enc.ids
+        truncated = bool(enc.overflowing) or len(ids) > limit
+        if truncated and not q.truncate:
+            raise PayloadTooLarge(
+                f"input has more than {limit} tokens, the limit for /attention "
+                "(send truncate: true to look at the first ones)",
+                param="truncate",
+            )
+        if len(ids) > limit:  # keep the closing special token so the maps look like the input
+            ids = ids[: limit - 1] + ids[-1:]
+        n = len(ids)
+        numbers = len(q.layers) * len(q.heads) * n * n
+        if numbers > s.attention_max_numbers:
+            raise PayloadTooLarge(
+                f"{len(q.layers)} layers x {len(q.heads)} heads x {n}² tokens = {numbers} numbers; "
+                f"the limit is {s.attention_max_numbers}: select fewer layers or heads, or a "
+                "shorter input"
+            )
+        items = self.batcher.submit([ids], s.request_timeout_s)
+        ((primary, maps),) = await wait_all(
+            [it.future for it in items], s.request_timeout_s, disconnected
+        )
+        timings = Timings(tokenization_s, items[0].queue_s, items[0].inference_s)
+        loop = asyncio.get_running_loop()
+        body, media_type = await loop.run_in_executor(
+            None, self._render, q, enc, ids, truncated, primary, maps
+        )
+        return Rendered(body, media_type, timings)
+
+    def _render(
+        self,
+        q: Query,
+        enc: Encoding,
+        ids: list[int],
+        truncated: bool,
+        primary: np.ndarray,
+        maps: np.ndarray,
+    ) -> tuple[bytes, str]:
+        n = len(ids)
+        maps = maps[:, :, :n, :n]  # (L, h, n, n): drop padding rows/cols of a shared batch
+        selected = maps[np.ix_(q.layers, q.heads)]
+        if q.format == "png":
+            return encode_png(grid_image(selected)), "image/png"
+        special = self.manifest.special_tokens
+        cls_index = _index_of(ids, special.cls)
+        sep_index = _index_of(ids, special.sep, last=True)
+        stats = analysis.head_stats(selected, cls_index, sep_index)
+        stats_rows = [
+            {"layer": layer, "head": head, **{k: float(v[li, hi]) for k, v in stats.items()}}
+            for li, layer in enumerate(q.layers)
+            for hi, head in enumerate(q.heads)
+        ]
+        anchor = cls_index if cls_index is not None else 0
+        kept = n - 1 if n < len(enc.ids) else n  # truncated: the last one is the closing token
+        tail = slice(-1, None) if kept < n else slice(0, 0)
+        payload = {
+            "model": self.name,
+            "tokens": enc.tokens[:kept] + enc.tokens[tail],
+            "token_ids": ids,
+            "offsets": [list(o) for o in enc.offsets[:kept] + enc.offsets[tail]],
+            "truncated": truncated,
+            "layers": q.layers,
+            "heads": q.heads,
+            "attentions": selected,
+            "stats": stats_rows,
+            "importance": {
+                "cls_last_layer": analysis.cls_importance(maps, anchor),
+                "rollout": analysis.rollout(maps, anchor),
+            },
+        }
+        if self.manifest.task == "embed":
+            payload["embedding"] = l2_normalize(primary[None, :].astype(np.float32))[0]
+        return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), "application/json"

@@ -15,7 +15,7 @@ from service.bundle import load_bundle
 from service.core import Core, Loader, ModelSpec
 from service.metrics import Metrics
 from service.middleware import HeadwiseMiddleware
-from service.routes import attention, embeddings, meta
+from service.routes import attention, embeddings, meta, tei
 from service.runtime import Backend, OnnxBackend
 from service.settings import Settings
 
@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None, loader: Loader | None = None) -
     errors.install(app)
     app.include_router(meta.router)
     app.include_router(embeddings.router)
+    app.include_router(tei.router)
     if settings.attention_enabled:
         app.include_router(attention.router)
     if settings.cors_origins:
@@ -84,5 +85,6 @@ def create_app(settings: Settings | None = None, loader: Loader | None = None) -
         max_body_bytes=settings.max_body_bytes,
         api_key=api_key,
         body_timeout_s=settings.body_timeout_s,
+        access_log=settings.access_log,
     )
     return app

@@ -104,7 +104,17 @@ def build_model(name: str, backend: Backend, settings: Settings, metrics: Metric
             f"encode-{name}",
             manifest.special_tokens.pad,
         )
-        model.embed = EmbedPipeline(name, backend, batcher, settings, metrics)
+        tokens = None
+        if backend.token_output:
+            tokens = DynamicBatcher(
+                lambda batch: list(backend.run_tokens(batch)),
+                batch_policy(settings),
+                metrics.observer("embed_all", name),
+                f"tokens-{name}",
+                manifest.special_tokens.pad,
+            )
+            model.batchers.append(tokens)
+        model.embed = EmbedPipeline(name, backend, batcher, settings, metrics, tokens)
         model.batchers.append(batcher)
     if settings.attention_enabled and "attention" in manifest.graphs:
         model.attention = AttentionPipeline(name, backend, settings, metrics)

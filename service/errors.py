@@ -93,21 +93,65 @@ def error_body(
     )
 
 
-def error_response(exc: HeadwiseError) -> Response:
+def tei_error_type(status: int) -> str:
+    """TEI's ErrorType for a status code."""
+    if status == 429:
+        return "Overloaded"
+    if status == 503:
+        return "Unhealthy"
+    if status >= 500:
+        return "Backend"
+    return "Validation"
+
+
+def public_message(exc: HeadwiseError) -> str:
+    """A 500 never echoes internals: the detail goes to the log with the request id."""
+    if exc.status < 500 or exc.status == 503:
+        return exc.message
+    return "internal error during inference"
+
+
+def error_response(exc: HeadwiseError, dialect: str | None = None) -> Response:
+    """The one rendering of an error: OpenAI's shape, or TEI's on TEI's routes."""
     headers = {}
     if exc.retry_after is not None:
         headers["retry-after"] = str(max(1, round(exc.retry_after)))
     if exc.status == 401:
         headers["www-authenticate"] = "Bearer"
-    message = (
-        exc.message if exc.status < 500 or exc.status == 503 else "internal error during inference"
+    message = public_message(exc)
+    if dialect == "tei":
+        body = orjson.dumps({"error": message, "error_type": tei_error_type(exc.status)})
+    else:
+        body = error_body(exc.status, exc.kind, message, exc.param, exc.code)
+    return Response(body, status_code=exc.status, media_type="application/json", headers=headers)
+
+
+def log_error(state: dict, route: str, exc: HeadwiseError) -> None:
+    """Every 4xx/5xx, once: request id, route, status, model and the message."""
+    level = logging.ERROR if exc.status >= 500 and exc.status != 503 else logging.INFO
+    fields = {
+        "request_id": state.get("request_id", ""),
+        "route": route,
+        "status": exc.status,
+        "model": state.get("model", ""),
+    }
+    log.log(
+        level,
+        "request %s %s -> %d%s: %s",
+        fields["request_id"],
+        route,
+        exc.status,
+        f" (model {fields['model']})" if fields["model"] else "",
+        exc.message,
+        extra=fields,
+        exc_info=exc.__cause__ if level == logging.ERROR else None,
     )
-    return Response(
-        error_body(exc.status, exc.kind, message, exc.param, exc.code),
-        status_code=exc.status,
-        media_type="application/json",
-        headers=headers,
-    )
+
+
+def _status_error(status: int, kind: str, message: str) -> HeadwiseError:
+    err = HeadwiseError(message)
+    err.status, err.kind = status, kind
+    return err
 
 
 def _location(loc: tuple[Any, ...]) -> str:
@@ -139,14 +183,16 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, int]:
     return "; ".join(messages) or "invalid request", status
 
 
+def _answer(request: Request, exc: HeadwiseError) -> Response:
+    state = request.scope.get("state", {})
+    log_error(state, f"{request.method} {request.url.path}", exc)
+    return error_response(exc, state.get("dialect"))
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(HeadwiseError)
     async def _domain(request: Request, exc: HeadwiseError) -> Response:
-        if exc.status >= 500 and exc.status != 503:
-            log.error(
-                "request %s failed: %s", request.headers.get("x-request-id"), exc, exc_info=exc
-            )
-        return error_response(exc)
+        return _answer(request, exc)
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> Response:
@@ -155,10 +201,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         message, status = describe_validation(exc)
-        kind = "invalid_request_error"
-        return Response(
-            error_body(status, kind, message), status_code=status, media_type="application/json"
-        )
+        return _answer(request, _status_error(status, "invalid_request_error", message))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -169,18 +212,10 @@ def install(app: FastAPI) -> None:
             message = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
-        return Response(
-            error_body(exc.status_code, "http_error", message),
-            status_code=exc.status_code,
-            media_type="application/json",
-            headers=getattr(exc, "headers", None),
-        )
+        return _answer(request, _status_error(exc.status_code, "http_error", message))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error on %s", request.url.path, exc_info=exc)
-        return Response(
-            error_body(500, "internal_error", "internal error"),
-            status_code=500,
-            media_type="application/json",
-        )
+        err = _status_error(500, "internal_error", f"unhandled {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return _answer(request, err)

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from service.errors import PayloadTooLarge, RequestTimeout, Unauthorized, error_response
+from service.errors import (
+    HeadwiseError,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unauthorized,
+    error_response,
+    log_error,
+)
 from service.metrics import Metrics
 
 Scope = MutableMapping[str, Any]
@@ -39,8 +47,29 @@ ENDPOINTS = frozenset(
         "/openapi.json",
         "/v2/health/live",
         "/v2/health/ready",
+        # TEI's API
+        "/",
+        "/embed",
+        "/embed_all",
+        "/embed_sparse",
+        "/similarity",
+        "/decode",
+        "/tokenize/details",
+        # rerankers and classifiers
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/predict",
     }
 )
+def endpoint_of(path: str) -> str:
+    """The metrics label of a path: bounded, whatever the client sends."""
+    if path in ENDPOINTS:
+        return path
+    return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+
+
+access = logging.getLogger("headwise.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -52,7 +81,9 @@ class HeadwiseMiddleware:
         max_body_bytes: int,
         api_key: str | None,
         body_timeout_s: float = 10.0,
+        access_log: bool = False,
     ) -> None:
+        self.access_log = access_log
         self.app = app
         self.body_timeout_s = body_timeout_s
         self.metrics = metrics
@@ -81,7 +112,7 @@ class HeadwiseMiddleware:
         )
         request_id = sent_id if _REQUEST_ID.match(sent_id) else uuid.uuid4().hex
         state["request_id"] = request_id
-        endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+        endpoint = endpoint_of(scope["path"])
         status_seen = [500]
 
         async def send_with_headers(message: Message) -> None:
@@ -96,34 +127,53 @@ class HeadwiseMiddleware:
                 message["headers"] = headers
             await send(message)
 
+        async def refuse(exc: HeadwiseError) -> None:
+            log_error(state, f"{scope['method']} {scope['path']}", exc)
+            await error_response(exc)(scope, receive, send_with_headers)
+
         self.metrics.inflight.inc()
         try:
             if not self._authorised(scope):
-                exc = Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
-                await error_response(exc)(scope, receive, send_with_headers)
+                await refuse(
+                    Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
+                )
                 return
             try:
                 body = None if self._declared_too_large(scope) else await self._read_body(receive)
             except TimeoutError:
-                await error_response(
+                await refuse(
                     RequestTimeout(f"request body did not arrive within {self.body_timeout_s:g} s")
-                )(scope, receive, send_with_headers)
+                )
                 return
             if body is None:
-                await error_response(
-                    PayloadTooLarge(
-                        f"request body is larger than the limit of {self.max_body} bytes"
-                    )
-                )(scope, receive, send_with_headers)
+                await refuse(
+                    PayloadTooLarge(f"request body is larger than the limit of {self.max_body} bytes")
+                )
                 return
             await self.app(scope, _replay(body, receive), send_with_headers)
         finally:
             self.metrics.inflight.dec()
             model = state.get("model", "")  # set by the route once it has picked a model
+            seconds = time.monotonic() - started
             self.metrics.requests.labels(endpoint, model, str(status_seen[0])).inc()
-            self.metrics.request_duration.labels(endpoint, model).observe(
-                time.monotonic() - started
-            )
+            self.metrics.request_duration.labels(endpoint, model).observe(seconds)
+            if self.access_log:
+                access.info(
+                    "%s %s %d %.1fms%s id=%s",
+                    scope["method"],
+                    scope["path"],
+                    status_seen[0],
+                    seconds * 1e3,
+                    f" model={model}" if model else "",
+                    request_id,
+                    extra={
+                        "request_id": request_id,
+                        "route": f"{scope['method']} {scope['path']}",
+                        "status": status_seen[0],
+                        "model": model,
+                        "ms": round(seconds * 1e3, 3),
+                    },
+                )
 
     def _declared_too_large(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -23,6 +23,8 @@ from service.settings import Settings
 from service.tensors import Batch
 
 log = logging.getLogger(__name__)
+
+Direction = Literal["left", "right"]
 
 
 class DeviceUnavailable(RuntimeError):
@@ -45,12 +47,16 @@ class Backend(Protocol):
 
     manifest: Manifest
     info: RuntimeInfo
+    token_output: bool  # the serving graph also outputs token_embeddings (B, N, d)
 
-    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]: ...
+    def tokenize(
+        self, texts: list[str], add_special_tokens: bool = True, direction: Direction = "right"
+    ) -> list[Encoding]: ...
     def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]: ...
     def count_tokens(self, text: str) -> int: ...
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
     def run(self, batch: Batch) -> np.ndarray: ...
+    def run_tokens(self, batch: Batch) -> np.ndarray | None: ...
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]: ...
     def warmup(self) -> None: ...
 
@@ -89,9 +95,8 @@ class OnnxBackend:
     def __init__(self, bundle: Bundle, settings: Settings, spin: bool = True) -> None:
         self.bundle = bundle
         self.manifest = bundle.manifest
-        self.tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=self.manifest.max_length)
+        self.tokenizer = self._tokenizer("right")
+        self._left = self._tokenizer("left")  # TEI's truncation_direction: Left
         self._untruncated = Tokenizer.from_file(str(bundle.tokenizer_path))
         self._untruncated.no_truncation()
         providers = choose_providers(settings.device, ort.get_available_providers())
@@ -100,6 +105,10 @@ class OnnxBackend:
             bundle.graph_path(graph), providers, settings.threads, spin and settings.spinning
         )
         self._feeds = _inputs(self.session)
+        outputs = [o.name for o in self.session.get_outputs()]
+        self._primary = outputs[:1]  # ask for the pooled output only: no token copy per run
+        self.token_output = "token_embeddings" in outputs
+        self._tokens = ["token_embeddings"] if self.token_output else None
         used = self.session.get_providers()
         if settings.device == "cuda" and CUDA not in used:
             raise DeviceUnavailable(f"CUDA provider failed to start for {graph}; providers: {used}")
@@ -115,10 +124,19 @@ class OnnxBackend:
             )
         log.info("%s: serving %s (%s) on %s", self.manifest.name, graph, self.info.precision, used[0])
 
-    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
+    def _tokenizer(self, direction: Direction) -> Tokenizer:
+        tok = Tokenizer.from_file(str(self.bundle.tokenizer_path))
+        tok.no_padding()
+        tok.enable_truncation(max_length=self.manifest.max_length, direction=direction)
+        return tok
+
+    def tokenize(
+        self, texts: list[str], add_special_tokens: bool = True, direction: Direction = "right"
+    ) -> list[Encoding]:
+        tok = self.tokenizer if direction == "right" else self._left
         if len(texts) == 1:
-            return [self.tokenizer.encode(texts[0], add_special_tokens=add_special_tokens)]
-        return self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+            return [tok.encode(texts[0], add_special_tokens=add_special_tokens)]
+        return tok.encode_batch(texts, add_special_tokens=add_special_tokens)
 
     def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]:
         return self.tokenizer.encode_batch(pairs)
@@ -131,7 +149,14 @@ class OnnxBackend:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def run(self, batch: Batch) -> np.ndarray:
-        (out,) = self.session.run(None, batch.feeds(self._feeds))[:1]
+        (out,) = self.session.run(self._primary, batch.feeds(self._feeds))
+        return out
+
+    def run_tokens(self, batch: Batch) -> np.ndarray | None:
+        """Last-layer token vectors (B, N, d); None when the graph does not output them."""
+        if self._tokens is None:
+            return None
+        (out,) = self.session.run(self._tokens, batch.feeds(self._feeds))
         return out
 
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:

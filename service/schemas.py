@@ -43,8 +43,38 @@ def _one_text(value: Any) -> Any:
 Texts = Annotated[str | list[str], BeforeValidator(_texts)]
 
 
+def _texts_or_ids(value: Any) -> str | list[str] | list[list[int]]:
+    """OpenAI's `input`: text(s), or an array of token ids, or an array of such arrays."""
+    if isinstance(value, list) and value and all(_is_id(v) for v in value):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        for i, ids in enumerate(value):
+            if not ids or not all(_is_id(t) for t in ids):
+                raise ValueError(f"item {i} must be a non-empty array of integer token ids")
+        return value
+    return _texts(value)
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+TextsOrIds = Annotated[
+    str | list[str] | list[list[int]], BeforeValidator(_texts_or_ids)
+]
+
+
 class Strict(BaseModel):
+    """headwise's own routes: an unknown field is a 422 naming it."""
+
     model_config = ConfigDict(extra="forbid")
+
+
+class Compat(BaseModel):
+    """Compatibility routes (OpenAI, TEI, Cohere/Jina shapes): unknown fields are ignored, as
+    their upstreams do, so that clients adding their own fields keep working."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 ModelName = Annotated[StrictStr | None, Field(description="served model; default: the first")]
@@ -69,12 +99,21 @@ class EncodeRequest(Strict):
     )
 
 
-class OpenAIEmbeddingsRequest(Strict):
-    input: Texts
+class OpenAIEmbeddingsRequest(Compat):
+    input: TextsOrIds = Field(
+        description="text(s), or cl100k_base token-id array(s) as OpenAI's clients send them"
+    )
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[StrictInt, Field(ge=1)] | None = None
     user: StrictStr | None = None
+    prompt_name: StrictStr | None = None
+
+    def token_arrays(self) -> list[list[int]] | None:
+        inp = self.input
+        if isinstance(inp, list) and inp and isinstance(inp[0], list):
+            return inp  # type: ignore[return-value]
+        return None
 
 
 class TokenizeRequest(Strict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
 import onnxruntime as ort
@@ -26,10 +27,32 @@ class DrainingServer(uvicorn.Server):
             self._captured_signals.clear()
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and the request's fields."""
+
+    FIELDS = ("request_id", "route", "status", "model", "ms")
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **{k: getattr(record, k) for k in self.FIELDS if hasattr(record, k)},
+        }
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def configure_logging(level: str, fmt: str = "text") -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def check_bundles(settings: Settings) -> dict[ModelSpec, Bundle]:
@@ -45,7 +68,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.bundle:
         overrides["bundles"] = args.bundle
     settings = Settings(**overrides)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     try:
         bundles = check_bundles(settings)
         if settings.device == "cuda":  # fail before binding the port when the GPU is missing
@@ -67,7 +90,8 @@ def serve_command(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
         limit_concurrency=settings.max_concurrency,
         timeout_keep_alive=settings.keep_alive_s,
-        access_log=False,
+        access_log=False,  # ours is the middleware's (HEADWISE_ACCESS_LOG), with the model
+        log_config=None,  # keep the handlers configured above (JSON or text) for uvicorn too
         lifespan="on",
     )
     server = DrainingServer(config)

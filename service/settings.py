@@ -22,6 +22,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field("text", description="json: one JSON object a line")
+    access_log: bool = Field(False, description="log one line per request (method, path, status, ms)")
 
     # Runtime
     device: Literal["auto", "cpu", "cuda"] = Field(
@@ -52,6 +54,11 @@ class Settings(BaseSettings):
     )
     max_queue_texts: int = Field(4096, ge=1, description="texts waiting; more is answered 429")
     request_timeout_s: float = Field(30.0, gt=0, description="a request's deadline; then 503")
+
+    openai_token_ids: bool = Field(
+        True,
+        description="accept cl100k_base token-id arrays on /v1/embeddings (LangChain's default)",
+    )
 
     # Request bounds
     max_inputs: int = Field(2048, ge=1, description="inputs per request (split across batches)")

@@ -108,3 +108,15 @@ async def wait_all(
     if disconnected is not None and disconnected in done:
         raise ClientGone()
     raise Unavailable(f"request did not finish within {timeout_s:g} s", retry_after=1)
+
+
+def check_ids(arrays: list[list[int]], vocab_size: int, param: str) -> None:
+    """Token ids given by a client must be in the model's vocabulary (422 naming them)."""
+    for i, ids in enumerate(arrays):
+        bad = sorted({t for t in ids if not 0 <= t < vocab_size})
+        if bad:
+            raise InvalidInput(
+                f"{param}[{i}] has token ids outside the model's vocabulary (0..{vocab_size - 1}): "
+                f"{bad[:10]}",
+                param=param,
+            )

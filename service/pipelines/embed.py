@@ -8,17 +8,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.batcher import DynamicBatcher
-from service.errors import InvalidInput, PayloadTooLarge
+from service.errors import InvalidInput, PayloadTooLarge, WrongTask
 from service.metrics import Metrics
 from service.pipelines.common import (
     Timings,
     as_list,
+    check_ids,
     check_texts,
     postprocess,
     tokenized,
     wait_all,
 )
-from service.runtime import Backend
+from service.runtime import Backend, Direction
 from service.settings import Settings
 
 
@@ -31,10 +32,17 @@ class Encoded:
 
 class EmbedPipeline:
     def __init__(
-        self, name: str, backend: Backend, batcher: DynamicBatcher, settings: Settings, metrics: Metrics
+        self,
+        name: str,
+        backend: Backend,
+        batcher: DynamicBatcher,
+        settings: Settings,
+        metrics: Metrics,
+        token_batcher: DynamicBatcher | None = None,
     ) -> None:
         self.backend = backend
         self.batcher = batcher
+        self.token_batcher = token_batcher  # TEI's /embed_all: unpooled last-layer vectors
         self.settings = settings
         self.manifest = backend.manifest
         self._tokenization = metrics.tokenization_duration.labels("encode", name)
@@ -66,42 +74,68 @@ class EmbedPipeline:
         return prompts[prompt_name]
 
     def validate(
-        self, inputs: str | list[str], param: str, dimensions: int | None = None
-    ) -> list[str]:
+        self, inputs: str | list[str] | list[str | list[int]], param: str, dimensions: int | None = None
+    ) -> list[str | list[int]]:
         """Every check that needs no tokenizer, before anything is queued."""
         texts = as_list(inputs, param)
-        check_texts(texts, self.settings, param)
+        check_texts([t for t in texts if isinstance(t, str)], self.settings, param)
+        ids = [t for t in texts if not isinstance(t, str)]
+        check_ids(ids, self.manifest.vocab_size, param)
         self.check_dimensions(dimensions)
         return texts
 
+    async def sequences(
+        self, inputs: list[str | list[int]], truncate: bool, direction: Direction
+    ) -> tuple[list[list[int]], int, float]:
+        """Token ids per input (texts tokenised, id arrays as given), truncated or refused;
+        also how many were truncated and the tokenisation time."""
+        texts = [t for t in inputs if isinstance(t, str)]
+        encodings, seconds = await tokenized(
+            self.backend.tokenize, texts, sum(map(len, texts)), True, direction
+        )
+        limit = self.manifest.max_length
+        out: list[list[int]] = []
+        truncated = 0
+        encoded = iter(encodings)
+        for i, item in enumerate(inputs):
+            if isinstance(item, str):
+                e = next(encoded)
+                cut, ids = bool(e.overflowing), e.ids
+            else:
+                cut = len(item) > limit
+                ids = (item[:limit] if direction == "right" else item[-limit:]) if cut else item
+            if cut and not truncate:
+                await self._too_long(item, i)
+            truncated += cut
+            out.append(ids)
+        return out, truncated, seconds
+
     async def embed(
         self,
-        texts: list[str],
+        inputs: list[str | list[int]],
         *,
         truncate: bool = True,
         normalize: bool | None = None,
         dimensions: int | None = None,
         prompt_name: str | None = None,
+        direction: Direction = "right",
         disconnected: asyncio.Future | None = None,
     ) -> Encoded:
         """normalize None: the model's own default (its sentence-transformers Normalize)."""
         prefix = self.prompt(prompt_name)
         if prefix:
-            texts = [prefix + t for t in texts]
+            inputs = [prefix + t if isinstance(t, str) else t for t in inputs]
         self.batcher.arriving += 1
         try:
-            chars = sum(map(len, texts))
-            encodings, tokenization_s = await tokenized(self.backend.tokenize, texts, chars)
-            truncated = [i for i, e in enumerate(encodings) if e.overflowing]
-            if truncated and not truncate:
-                await self._too_long(texts, truncated[0])
-            sequences = [e.ids for e in encodings]
+            sequences, truncated, tokenization_s = await self.sequences(
+                inputs, truncate, direction
+            )
             items = self.batcher.submit(sequences, self.settings.request_timeout_s)
         finally:
             self.batcher.arriving -= 1
         self._tokenization.observe(tokenization_s)
         if truncated:
-            self._truncated.inc(len(truncated))
+            self._truncated.inc(truncated)
         rows = await wait_all(
             [it.future for it in items], self.settings.request_timeout_s, disconnected
         )
@@ -118,11 +152,39 @@ class EmbedPipeline:
             normalize = self.manifest.normalize
         return Encoded(postprocess(np.stack(rows), normalize, dimensions), tokens, timings)
 
-    async def _too_long(self, texts: list[str], i: int) -> None:
-        loop = asyncio.get_running_loop()
-        n = await loop.run_in_executor(None, self.backend.count_tokens, texts[i])
+    async def _too_long(self, item: str | list[int], i: int) -> None:
+        if isinstance(item, str):
+            loop = asyncio.get_running_loop()
+            n = await loop.run_in_executor(None, self.backend.count_tokens, item)
+        else:
+            n = len(item)
         raise PayloadTooLarge(
             f"input {i} has {n} tokens; the model's limit is {self.manifest.max_length} "
             "(send truncate: true to cut it)",
             param="truncate",
         )
+
+    async def token_embeddings(
+        self,
+        inputs: list[str | list[int]],
+        *,
+        truncate: bool = True,
+        prompt_name: str | None = None,
+        direction: Direction = "right",
+        disconnected: asyncio.Future | None = None,
+    ) -> list[np.ndarray]:
+        """Per input, its tokens' last-layer vectors (n_i, d), padding removed."""
+        if self.token_batcher is None:
+            raise WrongTask(
+                f"{self.manifest.name}'s bundle has no token-embedding output: re-export it with "
+                "this headwise to serve /embed_all",
+            )
+        prefix = self.prompt(prompt_name)
+        if prefix:
+            inputs = [prefix + t if isinstance(t, str) else t for t in inputs]
+        sequences, _, _ = await self.sequences(inputs, truncate, direction)
+        items = self.token_batcher.submit(sequences, self.settings.request_timeout_s)
+        rows = await wait_all(
+            [it.future for it in items], self.settings.request_timeout_s, disconnected
+        )
+        return [row[: len(seq)] for row, seq in zip(rows, sequences, strict=True)]

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.deps import ClientGone, ReadyCore, use_model
+from service.openai_tokens import texts_from_token_ids
 from service.routes.common import respond
 from service.schemas import EncodeRequest, OpenAIEmbeddingsRequest
 
@@ -55,8 +56,17 @@ async def openai_embeddings(
 ) -> Response:
     model = use_model(request, core, body.model, "embed")
     pipe = model.embed
-    texts = pipe.validate(body.input, "input", body.dimensions)
-    out = await pipe.embed(texts, normalize=True, dimensions=body.dimensions, disconnected=gone)
+    inputs = body.input
+    if (arrays := body.token_arrays()) is not None:
+        inputs = await texts_from_token_ids(arrays, core.settings.openai_token_ids)
+    texts = pipe.validate(inputs, "input", body.dimensions)
+    out = await pipe.embed(
+        texts,
+        normalize=True,
+        dimensions=body.dimensions,
+        prompt_name=body.prompt_name,
+        disconnected=gone,
+    )
     encode = _b64 if body.encoding_format == "base64" else (lambda v: v)
     data = [
         {"object": "embedding", "index": i, "embedding": encode(v)}

@@ -12,6 +12,7 @@ from service.deps import AnyCore, use_model
 from service.errors import ModelNotFound
 from service.pipelines.common import as_list, check_texts, tokenized
 from service.routes.common import respond
+from service.routes.tei import tei_info
 from service.schemas import TokenizeRequest
 from service.settings import Settings
 
@@ -92,6 +93,7 @@ async def info(request: Request, core: AnyCore) -> Response:
     models = [describe(m) for m in core]
     first = models[0]  # one model's fields at the top, as before several models were served
     payload = {
+        **tei_info(core),  # TEI's Info fields: TEI clients read them
         "model": first["name"],
         **{k: v for k, v in first.items() if k != "name"},
         "models": models,
@@ -121,7 +123,11 @@ async def model(model_id: str, request: Request, core: AnyCore) -> Response:
     return respond(request, openai_model(core.models[model_id]))
 
 
-@router.post("/tokenize", tags=["tokenize"], summary="Tokens, ids and character offsets")
+@router.post(
+    "/tokenize/details",
+    tags=["tokenize"],
+    summary="headwise's tokenisation: tokens, ids, offsets, special flags, truncation, model",
+)
 async def tokenize(
     body: TokenizeRequest, request: Request, core: AnyCore
 ) -> Response:

@@ -24,6 +24,7 @@ WORDS = ["the", "a", "an", "of", "to", "and", "is", "in", "it", "cat", "dog", "f
 def word_tokenizer(max_length: int) -> Tokenizer:
     vocab = {w: i for i, w in enumerate(SPECIALS + WORDS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.add_special_tokens(SPECIALS)
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
@@ -69,8 +70,12 @@ class FakeBackend:
         self.release.set()
         self.seen: list[list[int]] = []  # every real sequence computed
         self.fail_next = False
+        self.token_output = True
 
-    def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
+    def tokenize(
+        self, texts: list[str], add_special_tokens: bool = True, direction: str = "right"
+    ) -> list[Encoding]:
+        self.tokenizer.enable_truncation(self.manifest.max_length, direction=direction)
         return self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
 
     def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]:
@@ -104,6 +109,13 @@ class FakeBackend:
     def run(self, batch: Batch) -> np.ndarray:
         self._hold(batch)
         return self.vectors(batch)
+
+    def run_tokens(self, batch: Batch) -> np.ndarray:
+        """Token i's vector: a function of its id and position -> (B, N, dimensions)."""
+        self._hold(batch)
+        d = self.manifest.dimensions
+        pos = np.arange(batch.input_ids.shape[1])[None, :, None]
+        return np.cos(batch.input_ids[:, :, None] * 0.1 + pos + np.arange(d)).astype(np.float32)
 
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Uniform attention over each text's real tokens: rows sum to 1, padding gets 0."""

@@ -93,7 +93,7 @@ def test_openai_dimensions(client):
 
 def test_tokenize_gives_tokens_ids_and_character_offsets(client):
     text = "Café 😍 naïve"
-    r = client.post("/tokenize", json={"inputs": text})
+    r = client.post("/tokenize/details", json={"inputs": text})
     res = r.json()["results"][0]
     assert res["tokens"][0] == "[CLS]" and res["tokens"][-1] == "[SEP]"
     assert len(res["ids"]) == len(res["offsets"]) == len(res["tokens"])

@@ -49,7 +49,7 @@ def test_without_a_model_the_first_answers_and_the_response_names_it():
     _, _, client = two_models()
     with client as c:
         assert c.post("/encode", json={"inputs": "x"}).json()["model"] == "small"
-        assert c.post("/tokenize", json={"inputs": "x"}).json()["model"] == "small"
+        assert c.post("/tokenize/details", json={"inputs": "x"}).json()["model"] == "small"
         assert c.post("/attention", json={"input": "the dog"}).json()["model"] == "small"
 
 

@@ -100,7 +100,7 @@ def screenshot(page, name: str) -> Path:
 
 
 def test_heatmap_stats_importance_and_small_multiples(page, live: Live) -> None:
-    tokens = post(live, "/tokenize", {"inputs": TEXT})["results"][0]["tokens"]
+    tokens = post(live, "/tokenize/details", {"inputs": TEXT})["results"][0]["tokens"]
     n = len(tokens)
     assert n > 5
 
@@ -236,7 +236,7 @@ DARKEST = (
 
 def test_canvas_rendering(page, live: Live) -> None:
     """?render=canvas paints the maps on canvases (as the page does by itself for long inputs)."""
-    tokens = post(live, "/tokenize", {"inputs": TEXT})["results"][0]["tokens"]
+    tokens = post(live, "/tokenize/details", {"inputs": TEXT})["results"][0]["tokens"]
     n = len(tokens)
     page.goto(f"{live.url}/attention/view?render=canvas")
     enter_key(page)

@@ -72,6 +72,7 @@ def fetch(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
+        IncompleteSnapshotError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -95,6 +96,8 @@ def fetch(repo_id: str, revision: str | None) -> Path:
         ) from exc
     except RevisionNotFoundError as exc:
         raise SourceError(f"{repo_id}: revision {revision!r} not found") from exc
+    except IncompleteSnapshotError as exc:
+        raise SourceError(f"{at}: {exc}") from exc  # names the missing files
     except LocalEntryNotFoundError as exc:
         cached = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
         what = f"revision {revision or 'main'} of {repo_id}" if cached.exists() else repo_id

@@ -76,9 +76,11 @@ def special_tokens(tok: Tokenizer, pad_id: int) -> SpecialTokens:
     )
 
 
-def _check(got: np.ndarray, want: np.ndarray, graph: str, task: str, min_cosine: float):
-    """Parity of a graph's primary output with its reference; raises when off."""
-    parity = verify.compare("pytorch", got, want)
+def _check(
+    got: np.ndarray, want: np.ndarray, graph: str, task: str, min_cosine: float
+) -> verify.Parity:
+    """Parity of a graph's primary output with PyTorch's; raises when off."""
+    parity = verify.compare_outputs("pytorch", got, want, task)
     if task == "embed":
         verify.require(parity, graph, min_cosine)
     else:
@@ -97,11 +99,12 @@ def build_bundle(
     cfg = loaded.config
     model = loaded.model.eval()
     inputs = graph_inputs(model)
+    task = loaded.task
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp_name:
         tmp = Path(tmp_name)
         tok = write_tokenizer(loaded, tmp / "tokenizer.json")
-        probes = verify.PROBE_TEXTS if loaded.task == "embed" else verify.PROBE_PAIRS
+        probes = verify.PROBE_TEXTS if task == "embed" else verify.PROBE_PAIRS
         feeds = verify.encode(tok, probes, inputs, cfg.pad_token_id)
         want, want_attn = verify.torch_reference(model, *feeds.values())
         graphs: dict[str, GraphEntry] = {}
@@ -120,7 +123,7 @@ def build_bundle(
         )
         raw.unlink()
         fp32 = _run(fused_path, feeds)[0]
-        parity = _check(fp32, want, "encoder.onnx", loaded.task, verify.FP32_MIN_COSINE)
+        parity = _check(fp32, want, "encoder.onnx", task, verify.FP32_MIN_COSINE)
         graphs["encoder"] = _graph_entry(
             fused_path, "fp32", report.op_counts, parity, fused=report.fused
         )
@@ -128,7 +131,7 @@ def build_bundle(
         attn_path = tmp / "attention.onnx"
         export_attention(model, attn_path)
         emb, attn = _run(attn_path, feeds)
-        parity = _check(emb, want, "attention.onnx", loaded.task, verify.FP32_MIN_COSINE)
+        parity = _check(emb, want, "attention.onnx", task, verify.FP32_MIN_COSINE)
         attn_diff = float(np.abs(attn - want_attn).max())
         parity = parity.model_copy(update={"attention_max_abs_diff": attn_diff})
         if not attn_diff <= verify.ATTENTION_MAX_ABS:
@@ -140,17 +143,18 @@ def build_bundle(
         if options.fp16:
             path = tmp / "encoder.fp16.onnx"
             counts = optimize.to_fp16(fused_path, path)
-            parity = verify.compare("encoder.onnx", _run(path, feeds)[0], fp32)
+            parity = verify.compare_outputs("encoder.onnx", _run(path, feeds)[0], fp32, task)
             verify.require(parity, path.name, verify.FP16_MIN_COSINE)
             graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity, fused=report.fused)
         if options.int8:
             path = tmp / "encoder.int8.onnx"
 
             def int8_min_cosine(candidate: Path) -> float:
-                return verify.compare("encoder.onnx", _run(candidate, feeds)[0], fp32).min_cosine
+                got = _run(candidate, feeds)[0]
+                return verify.compare_outputs("encoder.onnx", got, fp32, task).min_cosine
 
             q = optimize.to_int8(fused_path, path, int8_min_cosine, options.int8_min_cosine)
-            parity = verify.compare("encoder.onnx", _run(path, feeds)[0], fp32)
+            parity = verify.compare_outputs("encoder.onnx", _run(path, feeds)[0], fp32, task)
             verify.require(parity, path.name, verify.INT8_MIN_COSINE)
             graphs["encoder_int8"] = _graph_entry(
                 path, "int8", q.op_counts, parity, kept_fp32=q.kept_fp32, fused=report.fused
@@ -159,7 +163,7 @@ def build_bundle(
         manifest = Manifest(
             name=loaded.name,
             source=source or Source(kind="folder", id=str(loaded.source)),
-            task=loaded.task,
+            task=task,
             architecture=cfg.architecture,
             num_layers=cfg.n_layers,
             num_heads=cfg.n_heads,
@@ -169,7 +173,7 @@ def build_bundle(
             max_length=loaded.max_length,
             pooling=cfg.pooling,
             normalize=loaded.normalize,
-            output_dim=len(loaded.labels) if loaded.task != "embed" else None,
+            output_dim=len(loaded.labels) if task != "embed" else None,
             prompts=loaded.prompts,
             default_prompt_name=loaded.default_prompt_name,
             labels=loaded.labels,

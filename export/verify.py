@@ -97,6 +97,13 @@ def compare(reference: str, got: np.ndarray, want: np.ndarray) -> Parity:
     )
 
 
+def compare_outputs(reference: str, got: np.ndarray, want: np.ndarray, task: str) -> Parity:
+    """Embeddings: one cosine per text. Logits: one per label, over the probe pairs (the
+    scores' ranking, which is what a reranker or classifier is used for; a single logit's
+    cosine would only be its sign)."""
+    return compare(reference, got, want) if task == "embed" else compare(reference, got.T, want.T)
+
+
 def require(parity: Parity, graph: str, min_cosine: float) -> None:
     if not parity.min_cosine >= min_cosine:  # also catches NaN
         raise ParityError(

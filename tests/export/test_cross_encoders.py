@@ -114,3 +114,14 @@ def test_task_flag_overrides_and_is_checked(xlmr_classifier, tmp_path):
         )
         == 1
     )
+
+
+def test_reranker_fp16_and_int8_graphs_keep_the_scores_ranking(bert_reranker, tmp_path):
+    manifest = export(bert_reranker, tmp_path / "bundle", "--fp16", "--int8")
+    # Logits are compared per label across the probe pairs: the ranking a reranker produces.
+    assert manifest.graphs["encoder_fp16"].parity.texts == 1
+    assert manifest.graphs["encoder_fp16"].parity.min_cosine >= 0.999
+    assert manifest.graphs["encoder_int8"].parity.min_cosine >= 0.95
+    assert "token_type_ids" in [
+        i.name for i in onnx.load(str(tmp_path / "bundle" / "encoder.int8.onnx")).graph.input
+    ]

@@ -19,6 +19,9 @@ from models.encoder import SentenceEncoder
 log = logging.getLogger(__name__)
 
 OPSET = 17
+# One ONNX file is one protobuf, which cannot exceed 2 GiB; larger models (XLM-R large:
+# multilingual-e5-large, bge-m3) would need external-data graphs, which export does not write.
+MAX_GRAPH_BYTES = 2**31 - 1
 INPUTS = ["input_ids", "attention_mask"]
 TOKEN_TYPES = "token_type_ids"
 
@@ -95,7 +98,17 @@ def _export(module: nn.Module, model: nn.Module, path: Path, outputs: list[str],
     log.info("exported %s", path)
 
 
+def check_size(model: nn.Module) -> None:
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    if size > MAX_GRAPH_BYTES:
+        raise ValueError(
+            f"the model's weights take {size / 2**30:.2f} GiB: more than one ONNX file can hold "
+            "(2 GiB); external-data graphs are not supported yet"
+        )
+
+
 def export_serving(model: nn.Module, path: Path) -> None:
+    check_size(model)
     if model.cfg.attention_impl != "explicit":
         raise ValueError("export needs the explicit attention path: its shape is what ORT fuses")
     out = primary_output(model)

@@ -157,10 +157,11 @@ def load_pretrained(
     st = read_config(folder)
     labels = _labels(hf)
     task = _task(hf, task, len(labels))
+    # Without a Pooling module sentence-transformers mean-pools; a head reads the first token.
+    pooled = (pooling or st.pooling or "mean") if task == "embed" else "cls"
     config = EncoderConfig.from_hf(
         hf,
-        # Without a Pooling module sentence-transformers mean-pools; a head reads the first token.
-        pooling=pooling or st.pooling or "mean" if task == "embed" else "cls",
+        pooling=pooled,
         attention_impl=attention_impl,
         dropout=0.0,
         attn_dropout=0.0,

@@ -45,7 +45,7 @@ class Family:
                 name = name[len(prefix) :]
                 break
         name = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
-        if self.ignored.match(name) or (not with_head and _is_head(self, name)):
+        if self.ignored.match(name) or (not with_head and self.is_head(name)):
             return None
         stem, _, kind = name.rpartition(".")
         if stem in self.exact:
@@ -55,9 +55,8 @@ class Family:
             return f"encoder.layers.{m.group(1)}.{self.layer[m.group(2)]}.{kind}"
         return name  # unknown: reported as unexpected
 
-
-def _is_head(family: Family, name: str) -> bool:
-    return any(name.startswith(h + ".") for h in family.head)
+    def is_head(self, name: str) -> bool:
+        return any(name.startswith(h + ".") for h in self.head)
 
 
 def _check_act(hf: dict[str, Any], key: str = "hidden_act") -> None:

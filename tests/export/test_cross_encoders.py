@@ -125,3 +125,21 @@ def test_reranker_fp16_and_int8_graphs_keep_the_scores_ranking(bert_reranker, tm
     assert "token_type_ids" in [
         i.name for i in onnx.load(str(tmp_path / "bundle" / "encoder.int8.onnx")).graph.input
     ]
+
+
+@pytest.mark.parametrize(
+    ("family", "kind"), [("roberta", "bpe"), ("distilbert", "wordpiece"), ("mpnet", "wordpiece-s")]
+)
+def test_every_family_head_matches_transformers_logits(family, kind, family_tokenizers, tmp_path):
+    folder = save_checkpoint(
+        tmp_path / f"tiny-{family}-cls",
+        family,
+        family_tokenizers[kind],
+        "ForSequenceClassification",
+    )
+    bundle = tmp_path / "bundle"
+    manifest = export(folder, bundle)
+    assert manifest.task == "classify" and manifest.labels == ["LABEL_0", "LABEL_1"]
+    x = feeds(bundle, manifest, PAIRS)
+    (logits,) = build_session(bundle / "encoder.onnx").run(None, x)
+    np.testing.assert_allclose(logits, transformers_logits(folder, x), atol=1e-4)

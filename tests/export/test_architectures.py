@@ -227,3 +227,55 @@ def test_a_model_too_large_for_one_onnx_file_is_refused_before_export(
     assert export_cli(["--model", str(folder), "--out", str(tmp_path / "b")]) == 1
     assert "more than one ONNX file can hold" in caplog.text
     assert not (tmp_path / "b").exists()
+
+
+def test_bundle_with_a_prompt_matches_sentence_transformers_own_pipeline(
+    family_tokenizers, tmp_path
+):
+    """sentence-transformers loads the same folder: prompt prepended, truncated at its
+    max_seq_length with the prompt's tokens counted, mean-pooled, normalised."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = save_checkpoint(tmp_path / "tiny-st", "bert", family_tokenizers["wordpiece"])
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling/config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
+    )
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                },
+            ]
+        )
+    )
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": None})
+    )
+    bundle = tmp_path / "bundle"
+    manifest = export(folder, bundle)
+
+    x = feeds(bundle, manifest, [manifest.prompts["query"] + t for t in TEXTS])
+    assert x["input_ids"].shape[1] == 40
+    (emb,) = build_session(bundle / "encoder.onnx").run(None, x)
+    emb = emb / np.linalg.norm(emb, axis=-1, keepdims=True)
+    st = SentenceTransformer(str(folder), device="cpu")
+    ref = st.encode(TEXTS, prompt_name="query", convert_to_numpy=True)
+    assert cosines(emb, ref).min() >= 0.9999

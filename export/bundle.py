@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer
 
 from export import optimize, verify
-from export.onnx import OPSET, export_attention, export_serving
+from export.onnx import OPSET, export_attention, export_serving, graph_inputs
 from models.weights import LoadedModel
 from service.bundle import MANIFEST, sha256_file
 from service.manifest import FileEntry, GraphEntry, Manifest, Precision, Source, SpecialTokens
@@ -30,23 +30,27 @@ class ExportOptions:
     fp16: bool = False
     int8: bool = False
     int8_min_cosine: float = verify.INT8_TARGET_COSINE
+    # Ship a graph whose attention did not fuse (marked fused=false) instead of failing.
+    allow_unfused: bool = False
 
 
 def write_tokenizer(loaded: LoadedModel, out: Path) -> Tokenizer:
-    """The model's tokenizer with truncation at the model's max length and no fixed padding.
+    """The model's tokenizer, truncating at the model's max length, "longest first" for pairs,
+    with no fixed padding.
 
     Shipped tokenizer.json files often bake in other values (all-MiniLM-L6-v2: truncation and
     fixed padding at 128, while the model was trained to 256); the bundle states the right one.
+    Special tokens and the pair template stay the family's own (its post-processor).
     """
     tok = Tokenizer.from_file(str(loaded.tokenizer_path))
     tok.no_padding()
-    tok.enable_truncation(max_length=loaded.max_length)
+    tok.enable_truncation(max_length=loaded.max_length, strategy="longest_first")
     tok.save(str(out))
     return tok
 
 
-def _run(path: Path, ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
-    return build_session(path).run(None, {"input_ids": ids, "attention_mask": mask})
+def _run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return build_session(path).run(None, feeds)
 
 
 def _graph_entry(
@@ -63,46 +67,73 @@ def _graph_entry(
     )
 
 
-def special_tokens(tok: Tokenizer) -> SpecialTokens:
-    ids = {
-        name: tok.token_to_id(tok_str)
-        for name, tok_str in (("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"))
-    }
-    return SpecialTokens(cls=ids["cls"], sep=ids["sep"], pad=ids["pad"] or 0)
+def special_tokens(tok: Tokenizer, pad_id: int) -> SpecialTokens:
+    """The ids the family's post-processor adds around a text ([CLS] … [SEP], <s> … </s>)."""
+    enc = tok.encode("")
+    added = [i for i, special in zip(enc.ids, enc.special_tokens_mask, strict=True) if special]
+    return SpecialTokens(
+        cls=added[0] if added else None, sep=added[-1] if len(added) > 1 else None, pad=pad_id
+    )
+
+
+def _check(
+    got: np.ndarray, want: np.ndarray, graph: str, task: str, min_cosine: float
+) -> verify.Parity:
+    """Parity of a graph's primary output with PyTorch's; raises when off."""
+    parity = verify.compare_outputs("pytorch", got, want, task)
+    if task == "embed":
+        verify.require(parity, graph, min_cosine)
+    else:
+        verify.require_logits(got, want, graph, verify.LOGITS_MAX_ABS)
+    return parity
 
 
 def build_bundle(
-    loaded: LoadedModel, out: Path, options: ExportOptions = ExportOptions()
+    loaded: LoadedModel,
+    out: Path,
+    options: ExportOptions = ExportOptions(),
+    source: Source | None = None,
 ) -> Manifest:
     """Write a complete bundle to `out`, or raise and leave `out` as it was."""
     started = time.monotonic()
     cfg = loaded.config
     model = loaded.model.eval()
+    inputs = graph_inputs(model)
+    task = loaded.task
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp_name:
         tmp = Path(tmp_name)
         tok = write_tokenizer(loaded, tmp / "tokenizer.json")
-        ids, mask = verify.tokenize(tok, verify.PROBE_TEXTS)
-        want, want_attn = verify.torch_reference(model, ids, mask)
+        probes = verify.PROBE_TEXTS if task == "embed" else verify.PROBE_PAIRS
+        feeds = verify.encode(tok, probes, inputs, cfg.pad_token_id)
+        want, want_attn = verify.torch_reference(model, *feeds.values())
         graphs: dict[str, GraphEntry] = {}
 
         raw = tmp / "raw.onnx"
         export_serving(model, raw)
         fused_path = tmp / "encoder.onnx"
-        report = optimize.fuse(raw, fused_path, cfg.n_heads, cfg.d_model, cfg.n_layers)
+        report = optimize.fuse(
+            raw,
+            fused_path,
+            cfg.n_heads,
+            cfg.d_model,
+            cfg.n_layers,
+            attention_bias=cfg.relative_attention_buckets > 0,
+            allow_unfused=options.allow_unfused,
+        )
         raw.unlink()
-        fp32 = _run(fused_path, ids, mask)[0]
-        parity = verify.compare("pytorch", fp32, want)
-        verify.require(parity, "encoder.onnx", verify.FP32_MIN_COSINE)
-        graphs["encoder"] = _graph_entry(fused_path, "fp32", report.op_counts, parity)
+        fp32 = _run(fused_path, feeds)[0]
+        parity = _check(fp32, want, "encoder.onnx", task, verify.FP32_MIN_COSINE)
+        graphs["encoder"] = _graph_entry(
+            fused_path, "fp32", report.op_counts, parity, fused=report.fused
+        )
 
         attn_path = tmp / "attention.onnx"
         export_attention(model, attn_path)
-        emb, attn = _run(attn_path, ids, mask)
-        parity = verify.compare("pytorch", emb, want)
+        emb, attn = _run(attn_path, feeds)
+        parity = _check(emb, want, "attention.onnx", task, verify.FP32_MIN_COSINE)
         attn_diff = float(np.abs(attn - want_attn).max())
         parity = parity.model_copy(update={"attention_max_abs_diff": attn_diff})
-        verify.require(parity, "attention.onnx", verify.FP32_MIN_COSINE)
         if not attn_diff <= verify.ATTENTION_MAX_ABS:
             raise verify.ParityError(f"attention.onnx: attention maps differ by {attn_diff:.3g}")
         graphs["attention"] = _graph_entry(
@@ -112,27 +143,28 @@ def build_bundle(
         if options.fp16:
             path = tmp / "encoder.fp16.onnx"
             counts = optimize.to_fp16(fused_path, path)
-            parity = verify.compare("encoder.onnx", _run(path, ids, mask)[0], fp32)
+            parity = verify.compare_outputs("encoder.onnx", _run(path, feeds)[0], fp32, task)
             verify.require(parity, path.name, verify.FP16_MIN_COSINE)
-            graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity)
+            graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity, fused=report.fused)
         if options.int8:
             path = tmp / "encoder.int8.onnx"
 
             def int8_min_cosine(candidate: Path) -> float:
-                return verify.compare(
-                    "encoder.onnx", _run(candidate, ids, mask)[0], fp32
-                ).min_cosine
+                got = _run(candidate, feeds)[0]
+                return verify.compare_outputs("encoder.onnx", got, fp32, task).min_cosine
 
-            report = optimize.to_int8(fused_path, path, int8_min_cosine, options.int8_min_cosine)
-            parity = verify.compare("encoder.onnx", _run(path, ids, mask)[0], fp32)
+            q = optimize.to_int8(fused_path, path, int8_min_cosine, options.int8_min_cosine)
+            parity = verify.compare_outputs("encoder.onnx", _run(path, feeds)[0], fp32, task)
             verify.require(parity, path.name, verify.INT8_MIN_COSINE)
             graphs["encoder_int8"] = _graph_entry(
-                path, "int8", report.op_counts, parity, kept_fp32=report.kept_fp32
+                path, "int8", q.op_counts, parity, kept_fp32=q.kept_fp32, fused=report.fused
             )
 
         manifest = Manifest(
             name=loaded.name,
-            source=Source(id=str(loaded.source)),
+            source=source or Source(kind="folder", id=str(loaded.source)),
+            task=task,
+            architecture=cfg.architecture,
             num_layers=cfg.n_layers,
             num_heads=cfg.n_heads,
             d_model=cfg.d_model,
@@ -141,13 +173,17 @@ def build_bundle(
             max_length=loaded.max_length,
             pooling=cfg.pooling,
             normalize=loaded.normalize,
-            special_tokens=special_tokens(tok),
+            output_dim=len(loaded.labels) if task != "embed" else None,
+            prompts=loaded.prompts,
+            default_prompt_name=loaded.default_prompt_name,
+            labels=loaded.labels,
+            problem_type=loaded.problem_type,
+            special_tokens=special_tokens(tok, cfg.pad_token_id),
             opset=OPSET,
+            inputs=inputs,
             graphs=graphs,
-            tokenizer=FileEntry(
-                file="tokenizer.json", sha256=sha256_file(tmp / "tokenizer.json")
-            ),
-            probe_texts=len(verify.PROBE_TEXTS),
+            tokenizer=FileEntry(file="tokenizer.json", sha256=sha256_file(tmp / "tokenizer.json")),
+            probe_texts=len(probes),
             versions={
                 "torch": torch.__version__,
                 "onnx": onnx.__version__,

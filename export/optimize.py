@@ -44,6 +44,7 @@ class FusionReport:
     op_counts: dict[str, int]
     attention_nodes: int
     softmax_nodes: int
+    fused: bool = True
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -65,7 +66,59 @@ def check_fusion(model: onnx.ModelProto, n_layers: int) -> FusionReport:
     return FusionReport(op_counts(model), attention, softmax)
 
 
-def fuse(raw: Path, out: Path, n_heads: int, d_model: int, n_layers: int) -> FusionReport:
+def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in model.graph.node for out in node.output}
+
+
+def detach_attention_bias(model: onnx.ModelProto) -> str:
+    """Softmax(scores + mask + bias) -> Softmax(scores + mask); returns the bias tensor's name.
+
+    ONNX Runtime's BERT fusion matches softmax(QKᵀ/√d_k + mask)·V; an extra score bias (MPNet's
+    relative positions, one tensor shared by every layer) hides that pattern. Detached, the
+    pattern fuses, and attach_attention_bias hands the bias to each fused node as its
+    `attention_bias` input: the same sum, inside the kernel. Until then the bias is kept alive
+    as an extra graph output.
+    """
+    producers = _producers(model)
+    biases = set()
+    for softmax in (n for n in model.graph.node if n.op_type == "Softmax"):
+        add = producers.get(softmax.input[0])
+        inner = producers.get(add.input[0]) if add is not None else None
+        if add is None or add.op_type != "Add" or inner is None or inner.op_type != "Add":
+            raise FusionError(f"{softmax.name}: no (scores + mask) + bias before the Softmax")
+        softmax.input[0] = add.input[0]
+        biases.add(add.input[1])
+        model.graph.node.remove(add)
+    if len(biases) != 1:
+        raise FusionError(f"expected one attention bias shared by all layers, found {len(biases)}")
+    (bias,) = biases
+    model.graph.output.append(
+        onnx.helper.make_tensor_value_info(bias, onnx.TensorProto.FLOAT, None)
+    )
+    return bias
+
+
+def attach_attention_bias(model: onnx.ModelProto, bias: str) -> None:
+    """Give every fused Attention node `bias` as input 5 (attention_bias, (1, h, N, N))."""
+    for node in (n for n in model.graph.node if n.op_type == "Attention"):
+        while len(node.input) < 5:  # input, weights, bias, mask_index, past
+            node.input.append("")
+        node.input.append(bias)
+    (output,) = [o for o in model.graph.output if o.name == bias]
+    model.graph.output.remove(output)
+
+
+def fuse(
+    raw: Path,
+    out: Path,
+    n_heads: int,
+    d_model: int,
+    n_layers: int,
+    attention_bias: bool = False,
+    allow_unfused: bool = False,
+) -> FusionReport:
+    """Fuse `raw` into `out`; FusionError when attention did not fuse, unless allow_unfused
+    (then `out` is the optimised but unfused graph and the report says fused=False)."""
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -73,16 +126,37 @@ def fuse(raw: Path, out: Path, n_heads: int, d_model: int, n_layers: int) -> Fus
     # The raw 2-D mask, not a 1-D "sequence length" index: the latter silently assumes right
     # padding, and a bundle is a public artefact that callers may feed left-padded batches.
     options.attention_mask_format = AttentionMaskFormat.AttentionMask
-    optimized = optimize_model(
-        str(raw),
-        model_type="bert",
-        num_heads=n_heads,
-        hidden_size=d_model,
-        optimization_options=options,
-        opt_level=0,
-        use_gpu=False,
-    )
-    report = check_fusion(optimized.model, n_layers)
+
+    def optimize(model: onnx.ModelProto):
+        return optimize_model(
+            model,
+            model_type="bert",
+            num_heads=n_heads,
+            hidden_size=d_model,
+            optimization_options=options,
+            opt_level=0,
+            use_gpu=False,
+        )
+
+    try:
+        model = onnx.load(str(raw))
+        bias = detach_attention_bias(model) if attention_bias else None
+        optimized = optimize(model)
+        if bias is not None:
+            attach_attention_bias(optimized.model, bias)
+        report = check_fusion(optimized.model, n_layers)
+    except FusionError as exc:
+        if not allow_unfused:
+            raise
+        log.warning("shipping an UNFUSED graph (allowed by flag): %s", exc)
+        optimized = optimize(onnx.load(str(raw)))
+        counts = Counter(node.op_type for node in optimized.model.graph.node)
+        report = FusionReport(
+            op_counts(optimized.model),
+            sum(counts[op] for op in ATTENTION_OPS),
+            counts["Softmax"],
+            fused=False,
+        )
     optimized.save_model_to_file(str(out))
     log.info("fused %s: %s", out.name, report.op_counts)
     return report

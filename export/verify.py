@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 from tokenizers import Tokenizer
+from torch import nn
 
-from models.encoder import SentenceEncoder
 from service.manifest import Parity
-from service.tensors import cosines, pad_batch
+from service.tensors import cosines, pad_batch, pad_types
 
 # Fixed probe texts: ordinary sentences, the empty string, CJK, emoji, accents, code, and an
 # input longer than any max length (it exercises truncation).
@@ -25,9 +25,26 @@ PROBE_TEXTS = [
     "a",
     "Embeddings map text to vectors so that similar meanings lie close together.",
     "   leading and trailing spaces   ",
+    "Привет, мир! Как дела?",
+    "مرحبا بالعالم",
+    "नमस्ते दुनिया",
+]
+
+# Query-document pairs for cross-encoders: short, non-Latin, and pairs longer than any max
+# length (truncated "longest first": the longer side loses tokens until the pair fits).
+PROBE_PAIRS = [
+    ("how do I reset my password?", "Open settings, choose Security, then Reset password."),
+    ("what is the capital of Japan?", "東京は日本の首都です。"),
+    ("", "an empty query"),
+    ("a", "b"),
+    ("Attention is all you need. " * 60, "short document"),
+    ("short query", "Transformers relate every token to every other token. " * 60),
+    ("Привет, как дела?", "مرحبا بالعالم — नमस्ते दुनिया"),
+    ("Café naïve résumé", "I love this! 😍🔥🚀 #blessed"),
 ]
 
 FP32_MIN_COSINE = 0.99999
+LOGITS_MAX_ABS = 1e-4  # classifiers: relative to max(1, |logit|)
 FP16_MIN_COSINE = 0.999
 INT8_TARGET_COSINE = 0.99  # sensitive nodes stay fp32 until the probe set reaches this
 INT8_MIN_COSINE = 0.95  # floor against a broken quantiser; the figure itself is recorded
@@ -42,12 +59,31 @@ def tokenize(tokenizer: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.nda
     return pad_batch([e.ids for e in tokenizer.encode_batch(texts)])
 
 
+def encode(
+    tokenizer: Tokenizer,
+    items: list[str] | list[tuple[str, str]],
+    inputs: list[str],
+    pad_id: int = 0,
+) -> dict[str, np.ndarray]:
+    """Texts or pairs -> the graph's feeds, right-padded with the model's pad id."""
+    encodings = tokenizer.encode_batch(items)
+    ids, mask = pad_batch([e.ids for e in encodings], pad_id)
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in inputs:
+        feeds["token_type_ids"] = pad_types([e.type_ids for e in encodings], ids.shape[1])
+    return feeds
+
+
 def torch_reference(
-    model: SentenceEncoder, ids: np.ndarray, mask: np.ndarray
+    model: nn.Module, ids: np.ndarray, mask: np.ndarray, token_type_ids: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
+    """The primary output (embedding or logits) and the stacked attention maps (L, B, h, N, N)."""
+    types = None if token_type_ids is None else torch.from_numpy(token_type_ids)
     with torch.no_grad():
-        pooled, attentions = model(torch.from_numpy(ids), torch.from_numpy(mask), need_weights=True)
-    return pooled.numpy(), torch.stack(attentions).numpy()
+        out, attentions = model(
+            torch.from_numpy(ids), torch.from_numpy(mask), token_type_ids=types, need_weights=True
+        )
+    return out.numpy(), torch.stack(attentions).numpy()
 
 
 def compare(reference: str, got: np.ndarray, want: np.ndarray) -> Parity:
@@ -61,9 +97,26 @@ def compare(reference: str, got: np.ndarray, want: np.ndarray) -> Parity:
     )
 
 
+def compare_outputs(reference: str, got: np.ndarray, want: np.ndarray, task: str) -> Parity:
+    """Embeddings: one cosine per text. Logits: one per label, over the probe pairs (the
+    scores' ranking, which is what a reranker or classifier is used for; a single logit's
+    cosine would only be its sign)."""
+    return compare(reference, got, want) if task == "embed" else compare(reference, got.T, want.T)
+
+
 def require(parity: Parity, graph: str, min_cosine: float) -> None:
     if not parity.min_cosine >= min_cosine:  # also catches NaN
         raise ParityError(
             f"{graph}: min cosine {parity.min_cosine:.6f} vs {parity.reference} is below "
             f"{min_cosine} (max abs diff {parity.max_abs_diff:.3g}); refusing to write the bundle"
+        )
+
+
+def require_logits(got: np.ndarray, want: np.ndarray, graph: str, max_abs: float) -> None:
+    """Logits are compared element-wise: one logit's cosine is only its sign."""
+    limit = max_abs * max(1.0, float(np.abs(want).max()))
+    diff = float(np.abs(got - want).max())
+    if not diff <= limit:  # also catches NaN
+        raise ParityError(
+            f"{graph}: logits differ by {diff:.3g} (limit {limit:.3g}); refusing to write the bundle"
         )

@@ -3,6 +3,7 @@
 from models.attention import MultiHeadAttention
 from models.config import EncoderConfig
 from models.encoder import Encoder, EncoderLayer, EncoderOutput, SentenceEncoder
+from models.heads import SequenceClassifier
 from models.weights import LoadedModel, load_pretrained
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "LoadedModel",
     "MultiHeadAttention",
     "SentenceEncoder",
+    "SequenceClassifier",
     "load_pretrained",
 ]

@@ -1,7 +1,10 @@
 """Multi-head scaled dot-product attention, as in "Attention Is All You Need", section 3.2.
 
-    head_i = softmax(Q W_Q^i (K W_K^i)ᵀ / √d_k + M) V W_V^i
+    head_i = softmax(Q W_Q^i (K W_K^i)ᵀ / √d_k + M + B_i) V W_V^i
     MHA(Q, K, V) = concat(head_1 … head_h) W_O
+
+B is an optional additive score bias per head (MPNet's relative positions); ONNX Runtime's
+fused Attention takes it as its `attention_bias` input.
 
 Masks are additive: 0 where a key may be attended, MASK_VALUE where it may not. A finite
 MASK_VALUE (not -inf) keeps a row whose keys are all masked finite: it becomes uniform
@@ -77,10 +80,12 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         causal: bool = False,
         need_weights: bool = False,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """query (B, N_q, d); key/value (B, N_k, d), default: self-attention on query.
 
         key_padding_mask: (B, N_k), 1 = real token, 0 = padding.
+        bias: additive scores (1 or B, h, N_q, N_k), added after the mask.
         Returns the output (B, N_q, d) and, with need_weights, the probabilities (B, h, N_q, N_k).
         """
         key = query if key is None else key
@@ -98,6 +103,8 @@ class MultiHeadAttention(nn.Module):
 
         p_drop = self.dropout if self.training else 0.0
         if self.impl == "sdpa" and not need_weights:
+            if bias is not None:
+                mask = bias if mask is None else mask + bias  # (B, h, N_q, N_k)
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop)
             return self.out_proj(self._merge_heads(context)), None
 
@@ -105,6 +112,10 @@ class MultiHeadAttention(nn.Module):
         scores = scores / math.sqrt(self.d_k)
         if mask is not None:
             scores = scores + mask
+        # The bias is its own Add after the mask's: export detaches it, lets ONNX Runtime fuse
+        # the BERT pattern, and hands it to the fused node as `attention_bias`.
+        if bias is not None:
+            scores = scores + bias  # (B, h, N_q, N_k)
         weights = torch.softmax(scores, dim=-1)  # (B, h, N_q, N_k), rows sum to 1
         context = torch.matmul(F.dropout(weights, p_drop, self.training), v)  # (B, h, N_q, d_k)
         out = self.out_proj(self._merge_heads(context))  # (B, N_q, d)

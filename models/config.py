@@ -1,4 +1,16 @@
-"""EncoderConfig: every architectural number of the encoder, validated on construction."""
+"""EncoderConfig: every architectural number of the encoder, validated on construction.
+
+One encoder serves every family (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet); what differs
+between them is named here, not written as a second model:
+
+- `position_offset`: 0 numbers positions 0..N-1 (BERT, DistilBERT). RoBERTa-style models
+  (RoBERTa, XLM-RoBERTa, MPNet) number only the real tokens, starting after the padding index:
+  position_offset = pad_token_id + 1, and padding tokens get position pad_token_id.
+- `type_vocab_size`: 2 for BERT (token types tell a pair's two segments apart), 1 for RoBERTa
+  (one type, always 0), 0 for models without the table (DistilBERT, MPNet).
+- `relative_attention_buckets`: MPNet adds a learned per-head bias, indexed by the bucketed
+  distance between query and key, to every layer's attention scores; 0 for none.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +19,9 @@ from typing import Any, Literal
 
 Positions = Literal["learned", "sinusoidal"]
 NormPlacement = Literal["post", "pre"]
-Pooling = Literal["mean", "cls"]
+Pooling = Literal["mean", "cls", "lasttoken"]
 AttentionImpl = Literal["explicit", "sdpa"]
+Architecture = Literal["bert", "roberta", "xlm-roberta", "distilbert", "mpnet"]
 
 
 @dataclass(frozen=True)
@@ -24,9 +37,13 @@ class EncoderConfig:
     dropout: float = 0.1
     attn_dropout: float = 0.1
     positions: Positions = "learned"
+    position_offset: int = 0
+    relative_attention_buckets: int = 0
+    relative_attention_max_distance: int = 128
     norm: NormPlacement = "post"
     pooling: Pooling = "mean"
     pad_token_id: int = 0
+    architecture: Architecture = "bert"
     # "explicit" computes softmax(QKᵀ/√d_k + mask)·V step by step (the reference, and the graph
     # shape ONNX Runtime fuses); "sdpa" calls torch's fused kernel. Weights always use explicit.
     attention_impl: AttentionImpl = "explicit"
@@ -40,8 +57,13 @@ class EncoderConfig:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
-        if self.type_vocab_size < 0:
-            raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        for name in ("type_vocab_size", "position_offset", "relative_attention_buckets"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.position_offset >= self.max_positions:
+            raise ValueError(
+                f"position_offset {self.position_offset} leaves no positions of {self.max_positions}"
+            )
         for name in ("dropout", "attn_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -51,8 +73,9 @@ class EncoderConfig:
         choices = {
             "positions": ("learned", "sinusoidal"),
             "norm": ("post", "pre"),
-            "pooling": ("mean", "cls"),
+            "pooling": ("mean", "cls", "lasttoken"),
             "attention_impl": ("explicit", "sdpa"),
+            "architecture": ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -64,30 +87,22 @@ class EncoderConfig:
     def d_k(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def token_types(self) -> bool:
+        """Whether token types carry information (BERT pairs), i.e. the graph takes them."""
+        return self.type_vocab_size > 1
+
+    @property
+    def max_length(self) -> int:
+        """The longest input the position table allows (RoBERTa: 514 positions, 512 tokens)."""
+        return self.max_positions - self.position_offset
+
     @classmethod
     def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> EncoderConfig:
-        """Build from a Hugging Face BERT-family config.json."""
-        act = hf.get("hidden_act", "gelu")
-        if act not in ("gelu", "gelu_new", "gelu_python"):
-            raise ValueError(f"unsupported hidden_act {act!r}: only GELU encoders are supported")
-        pos_type = hf.get("position_embedding_type", "absolute")
-        if pos_type != "absolute":
-            raise ValueError(f"unsupported position_embedding_type {pos_type!r}")
-        values: dict[str, Any] = {
-            "vocab_size": hf["vocab_size"],
-            "d_model": hf["hidden_size"],
-            "n_heads": hf["num_attention_heads"],
-            "n_layers": hf["num_hidden_layers"],
-            "d_ff": hf["intermediate_size"],
-            "max_positions": hf.get("max_position_embeddings", 512),
-            "type_vocab_size": hf.get("type_vocab_size", 2),
-            "layer_norm_eps": hf.get("layer_norm_eps", 1e-12),
-            "dropout": hf.get("hidden_dropout_prob", 0.1),
-            "attn_dropout": hf.get("attention_probs_dropout_prob", 0.1),
-            "pad_token_id": hf.get("pad_token_id", 0) or 0,
-        }
-        values.update(overrides)
-        return cls(**values)
+        """Build from a Hugging Face config.json of any supported family."""
+        from models.families import family_of
+
+        return cls(**{**family_of(hf).config(hf), **overrides})
 
     def replace(self, **changes: Any) -> EncoderConfig:
         values = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -11,22 +10,12 @@ from torch import Tensor, nn
 
 from models.attention import MultiHeadAttention
 from models.config import EncoderConfig
-
-
-def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)  ->  (n_positions, d)."""
-    position = torch.arange(n_positions, dtype=torch.float32)[:, None]  # (P, 1)
-    div = torch.exp(
-        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
-    )
-    table = torch.zeros(n_positions, d_model)
-    table[:, 0::2] = torch.sin(position * div)
-    table[:, 1::2] = torch.cos(position * div[: d_model // 2])
-    return table
+from models.pooling import POOLERS
+from models.positions import RelativePositionBias, position_ids, sinusoidal_table
 
 
 class Embeddings(nn.Module):
-    """token + position + token-type embeddings, then LayerNorm and dropout (as BERT)."""
+    """token + position (+ token-type) embeddings, then LayerNorm and dropout (as BERT)."""
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -41,15 +30,16 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.learned = cfg.positions == "learned"
+        self.position_offset = cfg.position_offset
+        self.pad_token_id = cfg.pad_token_id
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        n = input_ids.shape[1]
         x = self.tokens(input_ids)  # (B, N, d)
-        pos = torch.arange(n, device=input_ids.device)[None, :]  # (1, N)
+        pos = position_ids(input_ids, self.position_offset, self.pad_token_id)  # (1 or B, N)
         x = x + (self.positions(pos) if self.learned else self.sinusoid[pos])
         if self.token_types is not None:
             if token_type_ids is None:
-                token_type_ids = torch.zeros_like(input_ids)
+                token_type_ids = torch.zeros_like(input_ids)  # every token is of type 0
             x = x + self.token_types(token_type_ids)
         return self.dropout(self.norm(x))
 
@@ -81,15 +71,15 @@ class EncoderLayer(nn.Module):
         self.pre_norm = cfg.norm == "pre"
 
     def forward(
-        self, x: Tensor, mask: Tensor, need_weights: bool = False
+        self, x: Tensor, mask: Tensor, need_weights: bool = False, bias: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         if self.pre_norm:
             h = self.norm1(x)
-            a, weights = self.attn(h, key_padding_mask=mask, need_weights=need_weights)
+            a, weights = self.attn(h, key_padding_mask=mask, need_weights=need_weights, bias=bias)
             x = x + self.dropout(a)
             x = x + self.dropout(self.ffn(self.norm2(x)))
         else:
-            a, weights = self.attn(x, key_padding_mask=mask, need_weights=need_weights)
+            a, weights = self.attn(x, key_padding_mask=mask, need_weights=need_weights, bias=bias)
             x = self.norm1(x + self.dropout(a))
             x = self.norm2(x + self.dropout(self.ffn(x)))
         return x, weights
@@ -107,6 +97,14 @@ class Encoder(nn.Module):
         self.cfg = cfg
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
+        # MPNet: one relative-position bias, computed once and added in every layer.
+        self.relative_bias = (
+            RelativePositionBias(
+                cfg.relative_attention_buckets, cfg.n_heads, cfg.relative_attention_max_distance
+            )
+            if cfg.relative_attention_buckets
+            else None
+        )
         # Pre-LN stacks end with one more LayerNorm; post-LN already ends normalised.
         self.final_norm = (
             nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else None
@@ -120,27 +118,17 @@ class Encoder(nn.Module):
         need_weights: bool = False,
     ) -> EncoderOutput:
         x = self.embeddings(input_ids, token_type_ids)  # (B, N, d)
+        bias = None
+        if self.relative_bias is not None:
+            bias = self.relative_bias(input_ids.shape[1], input_ids.device)  # (1, h, N, N)
         attentions = []
         for layer in self.layers:
-            x, weights = layer(x, attention_mask, need_weights=need_weights)
+            x, weights = layer(x, attention_mask, need_weights=need_weights, bias=bias)
             if need_weights:
                 attentions.append(weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return EncoderOutput(x, tuple(attentions) if need_weights else None)
-
-
-def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
-    """Average of the real tokens' vectors: (B, N, d), (B, N) -> (B, d)."""
-    m = attention_mask[:, :, None].to(hidden.dtype)  # (B, N, 1)
-    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
-
-
-def cls_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
-    return hidden[:, 0]  # (B, d)
-
-
-POOLERS = {"mean": mean_pool, "cls": cls_pool}
 
 
 class SentenceEncoder(nn.Module):

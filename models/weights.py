@@ -1,50 +1,37 @@
-"""Load a trained BERT-family checkpoint folder into our encoder.
+"""Load a trained checkpoint folder (any supported family) into our encoder.
 
 The folder holds config.json, model.safetensors (or pytorch_model.bin, read with
 weights_only=True: never arbitrary unpickling) and tokenizer.json, plus sentence-transformers'
-modules.json, 1_Pooling/config.json and sentence_bert_config.json when present.
+module configs when present (models/st_modules.py). A `*ForSequenceClassification` checkpoint
+becomes an encoder with its classification head (task rerank with one label, else classify).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from models.config import EncoderConfig
 from models.encoder import SentenceEncoder
+from models.families import BERT, Family, family_of
+from models.heads import SequenceClassifier
+from models.st_modules import read_config
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-
-# Hugging Face BERT names -> ours. Layer-wise names carry the layer index as {i}.
-_EXACT = {
-    "embeddings.word_embeddings.weight": "encoder.embeddings.tokens.weight",
-    "embeddings.position_embeddings.weight": "encoder.embeddings.positions.weight",
-    "embeddings.token_type_embeddings.weight": "encoder.embeddings.token_types.weight",
-    "embeddings.LayerNorm.weight": "encoder.embeddings.norm.weight",
-    "embeddings.LayerNorm.bias": "encoder.embeddings.norm.bias",
+Task = Literal["embed", "rerank", "classify"]
+PROBLEM_TYPES = {
+    "single_label_classification": "single_label",
+    "multi_label_classification": "multi_label",
+    "regression": "regression",
 }
-_LAYER = {
-    "attention.self.query": "attn.q_proj",
-    "attention.self.key": "attn.k_proj",
-    "attention.self.value": "attn.v_proj",
-    "attention.output.dense": "attn.out_proj",
-    "attention.output.LayerNorm": "norm1",
-    "intermediate.dense": "ffn.fc1",
-    "output.dense": "ffn.fc2",
-    "output.LayerNorm": "norm2",
-}
-_LAYER_RE = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)$")
-# Present in many checkpoints, not used by a sentence encoder.
-_IGNORED = re.compile(r"^(pooler\.|cls\.|embeddings\.position_ids$)")
-_PREFIXES = ("bert.", "model.", "0.auto_model.")
 
 
 class WeightLoadError(ValueError):
@@ -53,32 +40,23 @@ class WeightLoadError(ValueError):
 
 @dataclass
 class LoadedModel:
-    model: SentenceEncoder
+    model: nn.Module  # SentenceEncoder (task embed) or SequenceClassifier
     config: EncoderConfig
     name: str
     source: Path
     max_length: int
     normalize: bool  # the model card ends with a Normalize module
     tokenizer_path: Path
+    task: Task = "embed"
+    labels: list[str] = field(default_factory=list)  # id2label order, one per logit
+    problem_type: str | None = None
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
 
 
-def hf_to_ours(name: str) -> str | None:
-    """Map one Hugging Face parameter name to ours; None for tensors we deliberately skip."""
-    for prefix in _PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    if _IGNORED.match(name):
-        return None
-    if name in _EXACT:
-        return _EXACT[name]
-    m = _LAYER_RE.match(name)
-    if m:
-        index, inner, kind = m.groups()
-        kind = {"gamma": "weight", "beta": "bias"}.get(kind, kind)
-        if inner in _LAYER:
-            return f"encoder.layers.{index}.{_LAYER[inner]}.{kind}"
-    return name  # unknown: reported as unexpected
+def hf_to_ours(name: str, family: Family = BERT, with_head: bool = False) -> str | None:
+    """Map one checkpoint parameter name to ours; None for tensors we deliberately skip."""
+    return family.to_ours(name, with_head)
 
 
 def read_state_dict(folder: Path) -> dict[str, Tensor]:
@@ -93,12 +71,14 @@ def read_state_dict(folder: Path) -> dict[str, Tensor]:
     raise FileNotFoundError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
 
 
-def assign_weights(model: SentenceEncoder, hf_state: dict[str, Tensor]) -> None:
+def assign_weights(
+    model: nn.Module, hf_state: dict[str, Tensor], family: Family = BERT, with_head: bool = False
+) -> None:
     ours = model.state_dict()
     mapped: dict[str, Tensor] = {}
     unexpected: list[str] = []
     for hf_name, tensor in hf_state.items():
-        name = hf_to_ours(hf_name)
+        name = family.to_ours(hf_name, with_head)
         if name is None:
             continue
         if name not in ours:
@@ -125,33 +105,36 @@ def assign_weights(model: SentenceEncoder, hf_state: dict[str, Tensor]) -> None:
     model.load_state_dict({**ours, **{k: v.float() for k, v in mapped.items()}})
 
 
-def _sentence_transformers_settings(folder: Path) -> tuple[str | None, int | None, bool]:
-    """Pooling mode, max length and Normalize presence from sentence-transformers' files."""
-    pooling = None
-    pool_cfg = folder / "1_Pooling" / "config.json"
-    modules = folder / "modules.json"
-    normalize = False
-    if modules.exists():
-        entries = json.loads(modules.read_text())
-        for entry in entries:
-            if entry.get("type", "").endswith(".Pooling"):
-                pool_cfg = folder / entry.get("path", "1_Pooling") / "config.json"
-            if entry.get("type", "").endswith(".Normalize"):
-                normalize = True
-    if pool_cfg.exists():
-        p = json.loads(pool_cfg.read_text())
-        if p.get("pooling_mode_mean_tokens"):
-            pooling = "mean"
-        elif p.get("pooling_mode_cls_token"):
-            pooling = "cls"
-        else:
-            modes = [k for k, v in p.items() if k.startswith("pooling_mode") and v]
-            raise ValueError(f"unsupported pooling in {pool_cfg}: {modes}")
-    max_length = None
-    sbert = folder / "sentence_bert_config.json"
-    if sbert.exists():
-        max_length = json.loads(sbert.read_text()).get("max_seq_length")
-    return pooling, max_length, normalize
+def _labels(hf: dict[str, Any]) -> list[str]:
+    id2label = hf.get("id2label") or {}
+    n = len(id2label) or hf.get("num_labels", 2)
+    return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+
+
+def _task(hf: dict[str, Any], requested: Task | None, n_labels: int) -> Task:
+    has_head = any(a.endswith("ForSequenceClassification") for a in hf.get("architectures") or [])
+    if requested is None:
+        return ("rerank" if n_labels == 1 else "classify") if has_head else "embed"
+    if requested != "embed" and not has_head:
+        raise ValueError(f"task {requested!r} needs a *ForSequenceClassification checkpoint")
+    if requested == "rerank" and n_labels != 1:
+        raise ValueError(f"task 'rerank' needs one label, the checkpoint has {n_labels}")
+    return requested
+
+
+def _max_length(folder: Path, config: EncoderConfig, *candidates: int | None) -> int:
+    """The first length given (flag, sentence-transformers), else what the model allows."""
+    length = next((c for c in candidates if c), None)
+    if length is None:
+        length = config.max_length
+        tok_cfg = folder / "tokenizer_config.json"
+        if tok_cfg.exists():  # as sentence-transformers: min(positions, model_max_length)
+            limit = json.loads(tok_cfg.read_text()).get("model_max_length")
+            if isinstance(limit, int) and 0 < limit < length:
+                length = limit
+    if length > config.max_length:
+        raise ValueError(f"max_length {length} exceeds the model's {config.max_length} positions")
+    return length
 
 
 def load_pretrained(
@@ -159,6 +142,8 @@ def load_pretrained(
     name: str | None = None,
     attention_impl: str = "explicit",
     max_length: int | None = None,
+    pooling: str | None = None,
+    task: Task | None = None,
 ) -> LoadedModel:
     folder = Path(folder)
     cfg_path = folder / "config.json"
@@ -168,21 +153,31 @@ def load_pretrained(
     if not tokenizer_path.exists():
         raise FileNotFoundError(f"{folder} has no tokenizer.json")
     hf = json.loads(cfg_path.read_text())
-    pooling, st_max_length, normalize = _sentence_transformers_settings(folder)
+    family = family_of(hf)
+    st = read_config(folder)
+    labels = _labels(hf)
+    task = _task(hf, task, len(labels))
+    # Without a Pooling module sentence-transformers mean-pools; a head reads the first token.
+    pooled = (pooling or st.pooling or "mean") if task == "embed" else "cls"
     config = EncoderConfig.from_hf(
-        hf, pooling=pooling or "cls", attention_impl=attention_impl, dropout=0.0, attn_dropout=0.0
+        hf,
+        pooling=pooled,
+        attention_impl=attention_impl,
+        dropout=0.0,
+        attn_dropout=0.0,
     )
-    model = SentenceEncoder(config)
-    assign_weights(model, read_state_dict(folder))
+    if task == "embed":
+        model: nn.Module = SentenceEncoder(config)
+    else:
+        model = SequenceClassifier(config, len(labels), family.head_kind)
+    assign_weights(model, read_state_dict(folder), family, with_head=task != "embed")
     model.eval()
-    length = max_length or st_max_length or config.max_positions
-    if length > config.max_positions:
-        raise ValueError(
-            f"max_length {length} exceeds the model's {config.max_positions} positions"
-        )
+    length = _max_length(folder, config, max_length, st.max_length)
     log.info(
-        "loaded %s: %d layers, %d heads, d_model %d",
+        "loaded %s (%s, %s): %d layers, %d heads, d_model %d",
         folder,
+        config.architecture,
+        task,
         config.n_layers,
         config.n_heads,
         config.d_model,
@@ -193,8 +188,14 @@ def load_pretrained(
         name=name or folder.name,
         source=folder,
         max_length=length,
-        normalize=normalize,
+        normalize=st.normalize if task == "embed" else False,
         tokenizer_path=tokenizer_path,
+        task=task,
+        labels=labels if task != "embed" else [],
+        problem_type=PROBLEM_TYPES.get(hf.get("problem_type") or "")
+        or ("single_label" if task == "classify" else None),
+        prompts=st.prompts if task == "embed" else {},
+        default_prompt_name=st.default_prompt_name if task == "embed" else None,
     )
 
 

@@ -94,3 +94,102 @@ def sentence_transformer(model_dir: Path):
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(model_dir), device="cpu")
+
+
+# --- Tokenizers of each family, trained offline on a small multilingual corpus -------------
+
+_WORDS = {
+    "en": "the cat sat on a warm mat while rain fell over quiet city streets tonight",
+    "fr": "le chat dort sur le canapé depuis ce matin près de la fenêtre ouverte",
+    "de": "die Katze schläft auf dem Sofa während draußen der Regen fällt",
+    "ru": "кошка спит на диване пока за окном идёт тихий дождь",
+    "el": "η γάτα κοιμάται στον καναπέ ενώ έξω βρέχει ήσυχα",
+    "ar": "القطة تنام على الأريكة بينما يهطل المطر في الخارج",
+    "hi": "बिल्ली सोफे पर सो रही है जबकि बाहर बारिश हो रही है",
+    "zh": "猫 在 沙发 上 睡觉 外面 正在 下雨 城市 很 安静",
+    "ja": "猫 は ソファ で 寝て いる 外 は 雨 が 降って いる",
+    "emoji": "I love this 😍 🔥 🚀 great café naïve résumé déjà vu 123 4567",
+}
+
+
+def training_corpus() -> list[str]:
+    """A few hundred sentences in ten scripts: every word is rotated through every position."""
+    lines = []
+    for words in _WORDS.values():
+        w = words.split()
+        for shift in range(len(w)):
+            rotated = w[shift:] + w[:shift]
+            lines += [" ".join(rotated), " ".join(rotated[: len(w) // 2]).capitalize() + "."]
+    return lines
+
+
+def _template(cls: str, sep: str, pair_types: bool, ids: dict[str, int]):
+    from tokenizers.processors import TemplateProcessing
+
+    b = 1 if pair_types else 0
+    return TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0",
+        # RoBERTa-style pairs carry a double separator; BERT-style pairs a second segment type.
+        pair=f"{cls}:0 $A:0 {sep}:0 $B:{b} {sep}:{b}"
+        if pair_types
+        else f"{cls}:0 $A:0 {sep}:0 {sep}:0 $B:0 {sep}:0",
+        special_tokens=[(cls, ids[cls]), (sep, ids[sep])],
+    )
+
+
+def build_tokenizer(kind: str, path: Path, vocab_size: int = 800) -> Path:
+    """kind: "wordpiece" (BERT, DistilBERT), "wordpiece-s" (MPNet: <s> </s>), "bpe"
+    (RoBERTa, byte-level), "unigram" (XLM-RoBERTa, SentencePiece-style) -> tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers.processors import RobertaProcessing
+
+    if kind == "wordpiece":
+        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    elif kind == "wordpiece-s":
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+    elif kind == "bpe":
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        tok = Tokenizer(models.BPE(unk_token=None))
+    else:
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        tok = Tokenizer(models.Unigram())
+    if kind.startswith("wordpiece"):
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
+    elif kind == "bpe":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    else:
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>"
+        )
+    tok.train_from_iterator(training_corpus(), trainer)
+    ids = {s: tok.token_to_id(s) for s in specials}
+    if kind == "wordpiece":
+        tok.post_processor = _template("[CLS]", "[SEP]", True, ids)
+    elif kind == "bpe":
+        tok.post_processor = RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]))
+    else:
+        tok.post_processor = _template("<s>", "</s>", False, ids)
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def family_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tokenizer.json per tokenizer kind, trained once per session (under a second each)."""
+    folder = tmp_path_factory.mktemp("tokenizers")
+    kinds = ("wordpiece", "wordpiece-s", "bpe", "unigram")
+    return {k: build_tokenizer(k, folder / f"{k}.json") for k in kinds}

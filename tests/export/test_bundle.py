@@ -163,3 +163,20 @@ def test_export_fails_on_parity(tmp_path, model_dir, monkeypatch):
     )
     with pytest.raises(verify.ParityError, match="min cosine"):
         build_bundle(tiny_loaded(model_dir, seed=2), tmp_path / "b")
+
+
+def test_allow_unfused_writes_a_bundle_that_says_it_is_unfused(tmp_path, model_dir, monkeypatch):
+    import models.attention as attention
+    from export.bundle import ExportOptions
+
+    def where_mask(keep, dtype):
+        keep = keep[:, None, None, :].bool()
+        return torch.where(keep, torch.zeros((), dtype=dtype), torch.full((), -1e4, dtype=dtype))
+
+    monkeypatch.setattr(attention, "padding_mask", where_mask)
+    manifest = build_bundle(
+        tiny_loaded(model_dir, seed=1), tmp_path / "b", ExportOptions(allow_unfused=True)
+    )
+    assert manifest.graphs["encoder"].fused is False
+    assert "Softmax" in ops(tmp_path / "b" / "encoder.onnx")
+    assert manifest.graphs["encoder"].parity.min_cosine >= verify.FP32_MIN_COSINE

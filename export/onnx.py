@@ -37,8 +37,15 @@ def primary_output(model: nn.Module) -> str:
     return "sentence_embedding" if isinstance(model, SentenceEncoder) else "logits"
 
 
+TOKENS = "token_embeddings"
+
+
 class ServingGraph(nn.Module):
-    """ids, mask[, types] -> pooled embedding (not normalised: that is per request) or logits."""
+    """ids, mask[, types] -> pooled embedding (not normalised: that is per request) or logits.
+
+    An embedding model's graph also outputs the last layer's token vectors (TEI's /embed_all).
+    The service asks for the pooled output alone on the hot path, so nothing is copied then.
+    """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -46,9 +53,12 @@ class ServingGraph(nn.Module):
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
-    ) -> Tensor:
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        if isinstance(self.model, SentenceEncoder):
+            hidden = self.model.encoder(input_ids, attention_mask, token_type_ids).hidden
+            return self.model.pool(hidden, attention_mask), hidden  # (B, d), (B, N, d)
         out, _ = self.model(input_ids, attention_mask, token_type_ids=token_type_ids)
-        return out  # (B, d) or (B, num_labels)
+        return out  # (B, num_labels)
 
 
 class AttentionGraph(nn.Module):
@@ -112,7 +122,11 @@ def export_serving(model: nn.Module, path: Path) -> None:
     if model.cfg.attention_impl != "explicit":
         raise ValueError("export needs the explicit attention path: its shape is what ORT fuses")
     out = primary_output(model)
-    _export(ServingGraph(model), model, path, [out], {out: {0: "batch"}})
+    if isinstance(model, SentenceEncoder):
+        axes = {out: {0: "batch"}, TOKENS: {0: "batch", 1: "sequence"}}
+        _export(ServingGraph(model), model, path, [out, TOKENS], axes)
+    else:
+        _export(ServingGraph(model), model, path, [out], {out: {0: "batch"}})
 
 
 def export_attention(model: nn.Module, path: Path) -> None:

@@ -113,7 +113,7 @@ def test_family_exports_fused_and_matches_transformers(family, family_tokenizers
     x = feeds(bundle, manifest, TEXTS)
     assert x["input_ids"].shape[1] == 64  # the long text was truncated
     emb, attn = build_session(bundle / "attention.onnx").run(None, x)
-    (served,) = build_session(bundle / "encoder.onnx").run(None, x)
+    served = build_session(bundle / "encoder.onnx").run(None, x)[0]
 
     hf = transformers_model(folder)
     ids, mask = torch.from_numpy(x["input_ids"]), torch.from_numpy(x["attention_mask"])
@@ -188,7 +188,7 @@ def test_lasttoken_pooling_is_the_last_real_token_of_transformers_output(
     bundle = tmp_path / "bundle"
     manifest = export(folder, bundle, "--pooling", "lasttoken")
     x = feeds(bundle, manifest, TEXTS[:4])
-    (served,) = build_session(bundle / "encoder.onnx").run(None, x)
+    served = build_session(bundle / "encoder.onnx").run(None, x)[0]
     with torch.no_grad():
         hidden = transformers_model(folder)(
             input_ids=torch.from_numpy(x["input_ids"]),
@@ -274,7 +274,7 @@ def test_bundle_with_a_prompt_matches_sentence_transformers_own_pipeline(
 
     x = feeds(bundle, manifest, [manifest.prompts["query"] + t for t in TEXTS])
     assert x["input_ids"].shape[1] == 40
-    (emb,) = build_session(bundle / "encoder.onnx").run(None, x)
+    emb = build_session(bundle / "encoder.onnx").run(None, x)[0]
     emb = emb / np.linalg.norm(emb, axis=-1, keepdims=True)
     st = SentenceTransformer(str(folder), device="cpu")
     ref = st.encode(TEXTS, prompt_name="query", convert_to_numpy=True)

@@ -39,12 +39,16 @@ def test_graph_io_names_types_and_dynamic_axes(tiny_bundle):
         ("input_ids", "tensor(int64)"),
         ("attention_mask", "tensor(int64)"),
     ]
-    out = s.get_outputs()[0]
-    assert out.name == "sentence_embedding" and out.type == "tensor(float)"
+    outputs = [(o.name, o.type) for o in s.get_outputs()]
+    assert outputs == [
+        ("sentence_embedding", "tensor(float)"),
+        ("token_embeddings", "tensor(float)"),  # the last layer's token vectors (/embed_all)
+    ]
     for b, n in [(1, 3), (5, 40)]:
         ids = np.full((b, n), 1000, dtype=np.int64)
-        (emb,) = s.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
-        assert emb.shape == (b, 32)
+        emb, tokens = s.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        assert emb.shape == (b, 32) and tokens.shape == (b, n, 32)
+        np.testing.assert_allclose(emb, tokens.mean(1), atol=1e-5)  # mean pooling of them
 
 
 def test_manifest_describes_the_bundle(tiny_bundle):
@@ -73,10 +77,10 @@ def test_fused_graph_matches_pytorch_and_padding_changes_nothing(tiny_bundle, ti
     ids, mask = verify.tokenize(tok, ["a short one", "a somewhat longer sentence with more words"])
     want, _ = verify.torch_reference(tiny_model.model, ids, mask)
     s = session(tiny_bundle / "encoder.onnx")
-    (batch,) = s.run(None, {"input_ids": ids, "attention_mask": mask})
+    batch = s.run(None, {"input_ids": ids, "attention_mask": mask})[0]
     np.testing.assert_allclose(batch, want, atol=1e-5)
     n = int(mask[0].sum())
-    (alone,) = s.run(None, {"input_ids": ids[:1, :n], "attention_mask": mask[:1, :n]})
+    alone = s.run(None, {"input_ids": ids[:1, :n], "attention_mask": mask[:1, :n]})[0]
     np.testing.assert_allclose(batch[0], alone[0], atol=1e-5)
 
 

@@ -32,7 +32,7 @@ def test_default_bundle_matches_sentence_transformers(default_bundle, sentence_t
     s = ort.InferenceSession(
         str(default_bundle / "encoder.onnx"), providers=["CPUExecutionProvider"]
     )
-    (emb,) = s.run(None, {"input_ids": ids, "attention_mask": mask})
+    emb = s.run(None, {"input_ids": ids, "attention_mask": mask})[0]
     assert ids.shape[1] == 256  # the long text was truncated at 256, not the tokenizer's 128
     emb = emb / np.linalg.norm(emb, axis=-1, keepdims=True)
     ref = sentence_transformer.encode(REAL_TEXTS, convert_to_numpy=True)

@@ -68,7 +68,7 @@ def test_cli_exports_a_transformers_checkpoint_with_mean_pooling_by_default(hf_f
     texts = ["a first sentence", "and a second, longer sentence than the first one"]
     ids, mask = verify.tokenize(Tokenizer.from_file(str(out / "tokenizer.json")), texts)
     session = ort.InferenceSession(str(out / "encoder.onnx"), providers=["CPUExecutionProvider"])
-    (ours,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    ours = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
     hf = BertModel.from_pretrained(hf_folder).eval()
     with torch.no_grad():
         hidden = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state

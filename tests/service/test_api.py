@@ -243,3 +243,13 @@ def test_body_over_the_limit_is_413(tiny_bundle):
             headers={"content-type": "application/json"},
         )
         assert r.status_code == 413 and "2048" in r.json()["error"]["message"]
+
+
+def test_embed_all_gives_the_token_vectors_the_embedding_is_pooled_from(client):
+    text = "token vectors, then mean pooling"
+    tokens = np.array(client.post("/embed_all", json={"inputs": text}).json()[0])
+    pooled = np.array(
+        client.post("/encode", json={"inputs": text, "normalize": False}).json()["embeddings"][0]
+    )
+    assert tokens.shape[1] == 32
+    np.testing.assert_allclose(tokens.mean(0), pooled, atol=1e-5)

@@ -15,7 +15,7 @@ from service.bundle import load_bundle
 from service.core import Core, Loader, ModelSpec
 from service.metrics import Metrics
 from service.middleware import HeadwiseMiddleware
-from service.routes import attention, embeddings, meta, tei
+from service.routes import attention, embeddings, meta, rerank, tei
 from service.runtime import Backend, OnnxBackend
 from service.settings import Settings
 
@@ -68,6 +68,8 @@ def create_app(settings: Settings | None = None, loader: Loader | None = None) -
     app.include_router(meta.router)
     app.include_router(embeddings.router)
     app.include_router(tei.router)
+    app.include_router(rerank.tei)
+    app.include_router(rerank.cohere)
     if settings.attention_enabled:
         app.include_router(attention.router)
     if settings.cors_origins:

@@ -20,6 +20,7 @@ from service.errors import ModelNotFound, Unavailable, WrongTask
 from service.metrics import Metrics
 from service.pipelines.attention import AttentionPipeline
 from service.pipelines.embed import EmbedPipeline
+from service.pipelines.score import ScorePipeline
 from service.runtime import Backend
 from service.settings import Settings
 
@@ -73,6 +74,7 @@ class Model:
     backend: Backend
     created: int  # unix seconds, for OpenAI's model list
     embed: EmbedPipeline | None = None
+    score: ScorePipeline | None = None  # rerank or classify
     attention: AttentionPipeline | None = None
     batchers: list[DynamicBatcher] = field(default_factory=list)
 
@@ -85,6 +87,8 @@ class Model:
         caps: set[Capability] = {"tokenize"}
         if self.embed is not None:
             caps.add("embed")
+        if self.score is not None:
+            caps.add("rerank" if self.task == "rerank" else "classify")
         if self.attention is not None:
             caps.add("attention")
         return caps
@@ -96,26 +100,27 @@ class Model:
 def build_model(name: str, backend: Backend, settings: Settings, metrics: Metrics) -> Model:
     manifest = backend.manifest
     model = Model(name, backend, manifest.created or int(time.time()))
-    if manifest.task == "embed":
-        batcher = DynamicBatcher(
-            backend.run,
+
+    def batcher(infer, path: str) -> DynamicBatcher:
+        b = DynamicBatcher(
+            infer,
             batch_policy(settings),
-            metrics.observer("encode", name),
-            f"encode-{name}",
+            metrics.observer(path, name),
+            f"{path}-{name}",
             manifest.special_tokens.pad,
         )
+        model.batchers.append(b)
+        return b
+
+    if manifest.task == "embed":
         tokens = None
         if backend.token_output:
-            tokens = DynamicBatcher(
-                lambda batch: list(backend.run_tokens(batch)),
-                batch_policy(settings),
-                metrics.observer("embed_all", name),
-                f"tokens-{name}",
-                manifest.special_tokens.pad,
-            )
-            model.batchers.append(tokens)
-        model.embed = EmbedPipeline(name, backend, batcher, settings, metrics, tokens)
-        model.batchers.append(batcher)
+            tokens = batcher(lambda batch: list(backend.run_tokens(batch)), "embed_all")
+        encode = batcher(backend.run, "encode")
+        model.embed = EmbedPipeline(name, backend, encode, settings, metrics, tokens)
+    else:  # rerank, classify: the same batching, one sequence (a pair) each
+        pairs = batcher(backend.run, manifest.task)
+        model.score = ScorePipeline(name, backend, pairs, settings, metrics)
     if settings.attention_enabled and "attention" in manifest.graphs:
         model.attention = AttentionPipeline(name, backend, settings, metrics)
         model.batchers.append(model.attention.batcher)

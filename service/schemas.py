@@ -124,6 +124,11 @@ class TokenizeRequest(Strict):
 
 class AttentionRequest(Strict):
     input: Annotated[StrictStr, BeforeValidator(_one_text)]
+    pair: Annotated[StrictStr, BeforeValidator(_one_text)] | None = Field(
+        None,
+        description="a second text (a cross-encoder's document): maps over the joined pair, "
+        "with where it starts",
+    )
     model: ModelName = None
     layers: list[StrictInt] | None = Field(None, description="layer indices; all when null")
     heads: list[StrictInt] | None = Field(None, description="head indices; all when null")

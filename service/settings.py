@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     # Request bounds
     max_inputs: int = Field(2048, ge=1, description="inputs per request (split across batches)")
     max_input_chars: int = Field(100_000, ge=1, description="characters per input")
+    rerank_max_documents: int = Field(
+        1024, ge=1, description="documents per rerank request (split across batches); then 413"
+    )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size; then 413")
 
     body_timeout_s: float = Field(

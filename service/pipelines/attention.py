@@ -57,6 +57,7 @@ class Query:
     heads: list[int]
     truncate: bool
     format: Literal["json", "png"]
+    pair: str | None = None
 
 
 class AttentionPipeline:
@@ -91,24 +92,38 @@ class AttentionPipeline:
         heads: list[int] | None,
         truncate: bool,
         format: Literal["json", "png"],
+        pair: str | None = None,
     ) -> Query:
         """Validate what needs no tokenizer."""
-        if len(text) > self.settings.max_input_chars:
-            raise PayloadTooLarge(
-                f"input has {len(text)} characters; the limit is {self.settings.max_input_chars}"
-            )
+        for name, t in (("input", text), ("pair", pair or "")):
+            if len(t) > self.settings.max_input_chars:
+                raise PayloadTooLarge(
+                    f"{name} has {len(t)} characters; the limit is {self.settings.max_input_chars}"
+                )
         return Query(
             text,
             select("layers", layers, self.manifest.num_layers),
             select("heads", heads, self.manifest.num_heads),
             truncate,
             format,
+            pair,
         )
 
     async def run(self, q: Query, disconnected: asyncio.Future | None = None) -> Rendered:
         s = self.settings
         limit = min(s.attention_max_tokens, self.manifest.max_length)
-        (enc,), tokenization_s = await tokenized(self.backend.tokenize, [q.text], len(q.text))
+        if q.pair is None:
+            (enc,), tokenization_s = await tokenized(self.backend.tokenize, [q.text], len(q.text))
+        else:
+            (enc,), tokenization_s = await tokenized(
+                self.backend.tokenize_pairs, [(q.text, q.pair)], len(q.text) + len(q.pair)
+            )
+            if len(enc.ids) > limit:  # cutting a pair's end would lose its structure
+                raise PayloadTooLarge(
+                    f"the pair has {len(enc.ids)} tokens; /attention's limit is {limit}: "
+                    "shorten the texts",
+                    param="pair",
+                )
         ids = enc.ids
         truncated = bool(enc.overflowing) or len(ids) > limit
         if truncated and not q.truncate:
@@ -127,7 +142,8 @@ class AttentionPipeline:
                 f"the limit is {s.attention_max_numbers}: select fewer layers or heads, or a "
                 "shorter input"
             )
-        items = self.batcher.submit([ids], s.request_timeout_s)
+        types = [enc.type_ids] if "token_type_ids" in self.manifest.inputs else None
+        items = self.batcher.submit([ids], s.request_timeout_s, types)
         ((primary, maps),) = await wait_all(
             [it.future for it in items], s.request_timeout_s, disconnected
         )
@@ -179,6 +195,10 @@ class AttentionPipeline:
                 "rollout": analysis.rollout(maps, anchor),
             },
         }
+        if q.pair is not None:
+            sequence_ids = enc.sequence_ids
+            payload["sequence_ids"] = sequence_ids
+            payload["boundary"] = sequence_ids.index(1) if 1 in sequence_ids else n
         if self.manifest.task == "embed":
             payload["embedding"] = l2_normalize(primary[None, :].astype(np.float32))[0]
         return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), "application/json"

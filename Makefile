@@ -37,7 +37,7 @@ serve: bundle
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m ruff check models export service tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 lint: $(TEST_STAMP)
 	$(BIN)/python -m ruff check models export service tests bench

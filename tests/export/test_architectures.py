@@ -79,6 +79,17 @@ def save_checkpoint(
     return folder
 
 
+def write_st_modules(folder: Path) -> None:
+    """sentence-transformers' modules.json: Transformer, Pooling (1_Pooling/), Normalize."""
+    kinds = ["Transformer", "Pooling", "Normalize"]
+    paths = ["", "1_Pooling", "2_Normalize"]
+    modules = [
+        {"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{k}"}
+        for i, (k, p) in enumerate(zip(kinds, paths, strict=True))
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+
+
 def export(folder: Path, out: Path, *flags: str) -> Manifest:
     assert export_cli(["--model", str(folder), "--out", str(out), *flags]) == 0
     return Manifest.model_validate_json((out / "manifest.json").read_text())
@@ -144,30 +155,7 @@ def test_sentence_transformers_modules_set_pooling_normalize_length_and_prompts(
     folder = save_checkpoint(tmp_path / "tiny-e5", "xlm-roberta", family_tokenizers["unigram"])
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling/config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
-    (folder / "modules.json").write_text(
-        json.dumps(
-            [
-                {
-                    "idx": 0,
-                    "name": "0",
-                    "path": "",
-                    "type": "sentence_transformers.models.Transformer",
-                },
-                {
-                    "idx": 1,
-                    "name": "1",
-                    "path": "1_Pooling",
-                    "type": "sentence_transformers.models.Pooling",
-                },
-                {
-                    "idx": 2,
-                    "name": "2",
-                    "path": "2_Normalize",
-                    "type": "sentence_transformers.models.Normalize",
-                },
-            ]
-        )
-    )
+    write_st_modules(folder)
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
     prompts = {"query": "query: ", "passage": "passage: "}
     (folder / "config_sentence_transformers.json").write_text(
@@ -241,30 +229,7 @@ def test_bundle_with_a_prompt_matches_sentence_transformers_own_pipeline(
     (folder / "1_Pooling/config.json").write_text(
         json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
     )
-    (folder / "modules.json").write_text(
-        json.dumps(
-            [
-                {
-                    "idx": 0,
-                    "name": "0",
-                    "path": "",
-                    "type": "sentence_transformers.models.Transformer",
-                },
-                {
-                    "idx": 1,
-                    "name": "1",
-                    "path": "1_Pooling",
-                    "type": "sentence_transformers.models.Pooling",
-                },
-                {
-                    "idx": 2,
-                    "name": "2",
-                    "path": "2_Normalize",
-                    "type": "sentence_transformers.models.Normalize",
-                },
-            ]
-        )
-    )
+    write_st_modules(folder)
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
     (folder / "config_sentence_transformers.json").write_text(
         json.dumps({"prompts": {"query": "query: "}, "default_prompt_name": None})

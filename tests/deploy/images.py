@@ -1,0 +1,467 @@
+"""Build the images with podman and check them as an operator would (`make image-test`).
+
+    python -m tests.deploy.images cpu        # CI: build export + cpu, run cpu, check it
+    python -m tests.deploy.images export     # the export image on a mounted folder -> a volume
+    python -m tests.deploy.images gpu        # the gpu target on the stand-in base, no GPU
+    python -m tests.deploy.images compose    # docker/compose.yaml under podman-compose
+
+Base images cannot be pulled here: `docker/podman/base.sh` builds a stand-in for
+python:3.11-slim from Debian's packages, passed as PYTHON_IMAGE (and as CUDA_IMAGE for `gpu`).
+pip inside the builds uses this machine's pip configuration, mounted read-only (`pip_sources`).
+Every container is removed on the way out, failed or not; ports are published on 127.0.0.1 only;
+every wait has a deadline. The timings are printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+PODMAN_ENV = {**os.environ, "CONTAINERS_CONF": str(ROOT / "docker" / "podman" / "containers.conf")}
+BASE = "localhost/headwise-base:bookworm"
+IMAGE = "localhost/headwise"  # :export, :cpu, :gpu
+UID = "10001"
+MIN_COSINE = 0.9999
+TEXTS = [
+    "A man is eating food.",
+    "The new movie is awesome, I loved every minute of it!",
+    "Le chat dort sur le canapé depuis ce matin.",
+    "量子コンピュータは従来のコンピュータとは異なる原理で動作する。",
+    "",
+    "Transformers use self-attention to relate every token to every other token. " * 30,
+]
+
+TIMINGS: list[tuple[str, float]] = []
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        raise CheckFailed(what)
+    print(f"  ok  {what}", flush=True)
+
+
+@contextlib.contextmanager
+def timed(step: str) -> Iterator[None]:
+    print(f"--- {step}", flush=True)
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        TIMINGS.append((step, time.monotonic() - start))
+
+
+def podman(*args: str, timeout: float = 120, check_rc: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        ["podman", *args], env=PODMAN_ENV, capture_output=True, text=True, timeout=timeout
+    )
+    if check_rc and done.returncode != 0:
+        raise CheckFailed(
+            f"podman {' '.join(args[:3])}... exited {done.returncode}:\n"
+            f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
+    return done
+
+
+def wait_until(what: str, ready: Callable[[], bool], timeout_s: float, alive=lambda: True) -> None:
+    """Poll `ready` until it holds; fail after `timeout_s`, or as soon as `alive` says no."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if not alive():
+            raise CheckFailed(f"{what}: the container is gone")
+        if time.monotonic() > deadline:
+            raise CheckFailed(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+# ---- building ---------------------------------------------------------------------------------
+
+
+def pip_sources() -> tuple[list[str], list[str]]:
+    """This machine's pip configuration for the builds: its config files and every local path they
+    (or PIP_* variables) name, mounted read-only at the same place; PIP_* variables as build
+    arguments. On a machine with a plain pip.conf this is just that file."""
+    debug = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "debug"], capture_output=True, text=True, timeout=60
+    ).stdout
+    files = re.findall(r"^\s+(\S+), exists: True$", debug, re.M)
+    values = re.findall(r"^\s+[\w.-]+[:=] ?'?([^'\n]*)'?$", debug, re.M)
+    build_args = [
+        f"{k}={v}"
+        for k, v in os.environ.items()
+        if k
+        in {
+            "PIP_INDEX_URL",
+            "PIP_EXTRA_INDEX_URL",
+            "PIP_TRUSTED_HOST",
+            "PIP_FIND_LINKS",
+            "PIP_CERT",
+            "PIP_CONSTRAINT",
+        }
+    ]
+    paths = set(files)
+    for value in values:
+        for word in value.split():
+            path = word.removeprefix("file://")
+            if path.startswith("/") and Path(path).exists():
+                # An index's folder, a find-links folder, a certificate or a constraints file.
+                paths.add(str(Path(path).parent if path.endswith("/simple") else path))
+    volumes = [arg for p in sorted(paths) for arg in ("-v", f"{p}:{p}:ro")]
+    return volumes, [arg for a in build_args for arg in ("--build-arg", a)]
+
+
+def base_image() -> None:
+    with timed("stand-in base image (debootstrap, kept when present)"):
+        done = subprocess.run(
+            [str(ROOT / "docker" / "podman" / "base.sh"), BASE],
+            env=PODMAN_ENV,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        print(done.stdout.strip())
+        if done.returncode != 0:
+            raise CheckFailed(f"base image: {done.stderr[-3000:]}")
+
+
+def build(target: str, *extra: str, timeout: float = 1800) -> str:
+    tag = f"{IMAGE}:{target}"
+    volumes, pip_args = pip_sources()
+    with timed(f"build --target {target}"):
+        podman(
+            "build",
+            "--format",
+            "docker",  # docker format: OCI images drop HEALTHCHECK
+            "--target",
+            target,
+            "--tag",
+            tag,
+            "--build-arg",
+            f"PYTHON_IMAGE={BASE}",
+            "--build-arg",
+            "TORCH_INDEX_URL=",  # PyTorch's index is out of reach: pip's config
+            *pip_args,
+            *volumes,
+            *extra,
+            str(ROOT),
+            timeout=timeout,
+        )
+    return tag
+
+
+def image_size_mb(tag: str) -> float:
+    return int(podman("image", "inspect", "--format", "{{.Size}}", tag).stdout) / 1e6
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+class Container:
+    def __init__(self, name: str, port: int | None):
+        self.name = name
+        self.url = f"http://127.0.0.1:{port}" if port else ""
+
+    def inspect(self, fmt: str) -> str:
+        return podman("inspect", "--format", fmt, self.name).stdout.strip()
+
+    def running(self) -> bool:
+        return (
+            podman(
+                "inspect", "--format", "{{.State.Running}}", self.name, check_rc=False
+            ).stdout.strip()
+            == "true"
+        )
+
+    def logs(self) -> str:
+        done = podman("logs", self.name, check_rc=False)
+        return (done.stdout + done.stderr)[-4000:]
+
+
+@contextlib.contextmanager
+def run_container(image: str, *args: str, serve: bool = True) -> Iterator[Container]:
+    """`podman run -d` as an operator would run the image: read-only, /tmp on a tmpfs, the port
+    on loopback only. Removed on the way out whatever happened; its log is shown on a failure."""
+    name = f"headwise-check-{uuid.uuid4().hex[:8]}"
+    ports = ["-p", "127.0.0.1::8000"] if serve else []
+    podman("run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp", *ports, *args, image)
+    port = None
+    if serve:
+        port = int(podman("port", name, "8000").stdout.strip().rsplit(":", 1)[1])
+    box = Container(name, port)
+    try:
+        yield box
+    except BaseException:
+        print(f"--- log of {name}:\n{box.logs()}", file=sys.stderr)
+        raise
+    finally:
+        podman("rm", "--force", "--time", "0", name, check_rc=False, timeout=60)
+
+
+def http(method: str, url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+def wait_ready(box: Container, timeout_s: float = 180) -> None:
+    with timed("container start to /ready 200"):
+        wait_until(
+            "/ready",
+            lambda: http("GET", f"{box.url}/ready", timeout=5)[0] == 200,
+            timeout_s,
+            alive=box.running,
+        )
+
+
+def reference_embeddings(texts: list[str]) -> np.ndarray:
+    """sentence-transformers' own all-MiniLM-L6-v2 pipeline: the independent reference."""
+    from sentence_transformers import SentenceTransformer
+
+    from models.weights import default_model_dir
+
+    model = SentenceTransformer(str(default_model_dir()), device="cpu")
+    return model.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+
+
+def check_embeddings(box: Container) -> None:
+    status, body = http("POST", f"{box.url}/encode", {"inputs": TEXTS})
+    check(status == 200, f"/encode answers 200 ({status}: {body[:200]!r})")
+    got = np.asarray(json.loads(body)["embeddings"], dtype=np.float64)
+    got /= np.linalg.norm(got, axis=-1, keepdims=True)
+    cosine = (got * reference_embeddings(TEXTS)).sum(-1)
+    check(
+        cosine.min() >= MIN_COSINE,
+        f"/encode equals sentence-transformers: min cosine {cosine.min():.6f}",
+    )
+
+
+def check_no_torch(image: str) -> None:
+    done = podman(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python",
+        image,
+        "-c",
+        "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)",
+        check_rc=False,
+    )
+    check(done.returncode == 0, f"no torch in {image}")
+
+
+# ---- item 1: the cpu image --------------------------------------------------------------------
+
+
+def check_cpu_image(image: str) -> None:
+    check_no_torch(image)
+    with run_container(image) as box:
+        wait_ready(box)
+        check(box.inspect("{{.Config.User}}") == f"{UID}:{UID}", f"runs as {UID}")
+        uid = podman("exec", box.name, "python", "-c", "import os; print(os.getuid())").stdout
+        check(uid.strip() == UID, f"the server's process has uid {UID}")
+        check(
+            box.inspect("{{.HostConfig.ReadonlyRootfs}}") == "true", "root filesystem is read-only"
+        )
+        write = podman(
+            "exec", box.name, "python", "-c", "open('/opt/headwise/x', 'w')", check_rc=False
+        )
+        check(
+            write.returncode != 0 and "Read-only file system" in write.stderr,
+            "writing to the root filesystem fails",
+        )
+        check_embeddings(box)
+        health = podman("healthcheck", "run", box.name, check_rc=False)
+        status = box.inspect("{{.State.Healthcheck.Status}}")
+        check(
+            health.returncode == 0 and status == "healthy",
+            f"podman healthcheck run: {status} {health.stdout.strip()}",
+        )
+        with timed("podman stop during requests"):
+            check_stop_drains(box)
+
+
+def metric(box: Container, name: str) -> float:
+    status, body = http("GET", f"{box.url}/metrics", timeout=5)
+    found = re.search(rf"^{name} (\S+)$", body.decode(), re.M) if status == 200 else None
+    return float(found.group(1)) if found else 0.0
+
+
+def check_stop_drains(box: Container, clients: int = 8) -> None:
+    """SIGTERM (podman stop) while requests are in flight: all of them answered, exit code 0."""
+    texts = [
+        f"request text {i}: " + "every token attends to every other token " * 12 for i in range(24)
+    ]
+
+    def request(i: int) -> tuple[int, float]:
+        status, _ = http("POST", f"{box.url}/encode", {"inputs": texts}, timeout=120)
+        return status, time.monotonic()
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(request, i) for i in range(clients)]
+        # In flight: every client's request is being handled (the metrics request adds one).
+        wait_until(
+            "requests in flight",
+            lambda: (
+                metric(box, "headwise_inflight_requests") >= clients
+                or any(f.done() for f in futures)
+            ),
+            60,
+        )
+        stopped_at = time.monotonic()
+        stop = podman("stop", "--time", "45", box.name, check_rc=False, timeout=90)
+        results = [f.result(timeout=120) for f in futures]
+    statuses = [s for s, _ in results]
+    check(statuses == [200] * clients, f"every request in flight answered 200: {statuses}")
+    after = sum(t > stopped_at for _, t in results)
+    check(after > 0, f"{after} of {clients} answered after SIGTERM (the drain was exercised)")
+    check(stop.returncode == 0, "podman stop exited 0")
+    code = box.inspect("{{.State.ExitCode}}")
+    check(code == "0", f"the server exited with 0 after the drain (got {code})")
+
+
+def cpu(_: argparse.Namespace) -> None:
+    base_image()
+    build("export")
+    image = build("cpu")
+    check_cpu_image(image)
+    print(
+        f"image sizes: export {image_size_mb(f'{IMAGE}:export'):.0f} MB, "
+        f"cpu {image_size_mb(image):.0f} MB"
+    )
+
+
+# ---- item 3 and the deploy-time model: export into a volume, serve the volume -------------------
+
+
+def export(args: argparse.Namespace) -> None:
+    from models.weights import default_model_dir
+
+    base_image()
+    build("export")
+    cpu_image = build("cpu")
+    volume = f"headwise-check-{uuid.uuid4().hex[:8]}"
+    podman("volume", "create", volume)
+    try:
+        # The default model's files as "a model folder of your own", mounted read-only.
+        folder = Path(args.model_dir or default_model_dir())
+        mounts = ["-v", f"{folder}:/model:ro", "-v", f"{volume}:/models", "-e", "MODEL=/model"]
+        with (
+            timed("export image: mounted folder -> volume"),
+            run_container(f"{IMAGE}:export", *mounts, serve=False) as box,
+        ):
+            wait_until("export", lambda: not box.running(), 900)
+            code = box.inspect("{{.State.ExitCode}}")
+            if code != "0":
+                print(box.logs(), file=sys.stderr)
+            check(code == "0", f"the export image exited 0 (got {code})")
+        with run_container(
+            cpu_image, "-v", f"{volume}:/models:ro", "-e", "HEADWISE_BUNDLE=/models/bundle"
+        ) as box:
+            wait_ready(box)
+            status, body = http("GET", f"{box.url}/info")
+            model = json.loads(body)["model"] if status == 200 else None
+            check(model == "model", f"it serves the volume's bundle, not the baked one: {model}")
+            check_embeddings(box)
+    finally:
+        podman("volume", "rm", "--force", volume, check_rc=False)
+
+
+# ---- item 4: the gpu target without a GPU -------------------------------------------------------
+
+
+def gpu(args: argparse.Namespace) -> None:
+    base_image()
+    extras = ["--build-arg", f"ORT_GPU_EXTRAS={args.ort_extras}"] if args.ort_extras else []
+    image = build("gpu", "--build-arg", f"CUDA_IMAGE={BASE}", *extras)
+    check_no_torch(image)
+    print(f"image size: gpu {image_size_mb(image):.0f} MB")
+    with run_container(image, "-e", "HEADWISE_DEVICE=cuda", serve=False) as box:
+        wait_until("HEADWISE_DEVICE=cuda exits", lambda: not box.running(), 120)
+        log = box.logs()
+        code = box.inspect("{{.State.ExitCode}}")
+        check(
+            code != "0"
+            and "cannot serve" in log
+            and "HEADWISE_DEVICE=cuda" in log
+            or code != "0"
+            and "CUDA provider failed to start" in log,
+            f"HEADWISE_DEVICE=cuda refuses to start (exit {code}): {log.strip()[-600:]}",
+        )
+    with run_container(image) as box:
+        wait_ready(box)
+        log = box.logs()
+        check(
+            "serving on the CPU" in log,
+            f"HEADWISE_DEVICE=auto falls back with a warning: "
+            f"{[ln for ln in log.splitlines() if 'WARNING' in ln]}",
+        )
+        check_embeddings(box)
+
+
+# ---- item 5: compose ------------------------------------------------------------------------------
+
+
+def compose(args: argparse.Namespace) -> None:
+    from tests.deploy import compose_check
+
+    base_image()
+    compose_check.run(
+        args, build=build, podman=podman, check=check, timed=timed, wait_until=wait_until, http=http
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("what", choices=["cpu", "export", "gpu", "compose"])
+    p.add_argument(
+        "--model-dir", help="export: the model folder to mount (default: the default model's)"
+    )
+    p.add_argument(
+        "--ort-extras", default="", help='gpu: onnxruntime-gpu extras, e.g. "cuda,cudnn"'
+    )
+    args = p.parse_args()
+    started = time.monotonic()
+    failed = None
+    try:
+        {"cpu": cpu, "export": export, "gpu": gpu, "compose": compose}[args.what](args)
+    except (CheckFailed, subprocess.TimeoutExpired) as exc:
+        failed = exc
+    print("\ntimings:")
+    for step, seconds in TIMINGS:
+        print(f"  {seconds:7.1f} s  {step}")
+    print(f"  {time.monotonic() - started:7.1f} s  total ({args.what})")
+    if failed is not None:
+        print(f"\nFAILED: {failed}", file=sys.stderr)
+        return 1
+    print(f"\nimage checks ({args.what}): all passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

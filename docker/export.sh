@@ -16,4 +16,15 @@ fi
 if [ -n "${MODEL:-}" ]; then
     set -- --model "$MODEL" "$@"
 fi
-exec headwise export "$@"
+# Not exec'd: as PID 1, Python would ignore SIGTERM (no handler), and `docker stop` or a pod's
+# deletion would wait out the grace period. The shell stays PID 1 and passes the signal on.
+headwise export "$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+status=0
+wait "$child" || status=$?
+if kill -0 "$child" 2>/dev/null; then  # the wait was cut short by the trap: wait for the end
+    status=0
+    wait "$child" || status=$?
+fi
+exit "$status"

@@ -88,9 +88,10 @@ compose-test: $(TEST_STAMP) image-deps
 	$(BIN)/python -m pip install -q $(PODMAN_COMPOSE)
 	$(BIN)/python -m tests.deploy.images compose
 
-# The images and the stand-in base; the next image-test starts cold.
+# The images, the stand-in base and every unused image (the build cache): the next image-test
+# starts cold.
 image-clean:
 	CONTAINERS_CONF=$(CURDIR)/docker/podman/containers.conf podman rmi --force --ignore \
 		localhost/headwise:export localhost/headwise:cpu localhost/headwise:gpu \
 		localhost/headwise-prometheus:bookworm localhost/headwise-base:bookworm
-	CONTAINERS_CONF=$(CURDIR)/docker/podman/containers.conf podman image prune --force
+	CONTAINERS_CONF=$(CURDIR)/docker/podman/containers.conf podman image prune --all --force

@@ -94,7 +94,10 @@ def lineage(name: str, skip: frozenset[str] = frozenset()) -> list[Stage]:
     return seen
 
 
-def test_hadolint_finds_nothing():
+@pytest.mark.parametrize(
+    "dockerfile", [DOCKERFILE, DOCKER / "podman" / "prometheus.Containerfile"], ids=lambda p: p.name
+)
+def test_hadolint_finds_nothing(dockerfile):
     done = subprocess.run(
         [
             tool("hadolint"),
@@ -102,7 +105,7 @@ def test_hadolint_finds_nothing():
             str(ROOT / ".hadolint.yaml"),
             "--format",
             "json",
-            str(DOCKERFILE),
+            str(dockerfile),
         ],
         capture_output=True,
         text=True,

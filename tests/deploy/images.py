@@ -124,8 +124,8 @@ def pip_sources() -> tuple[list[str], list[str]]:
             if path.startswith("/") and Path(path).exists():
                 # An index's folder, a find-links folder, a certificate or a constraints file.
                 paths.add(str(Path(path).parent if path.endswith("/simple") else path))
-    volumes = [arg for p in sorted(paths) for arg in ("-v", f"{p}:{p}:ro")]
-    return volumes, [arg for a in build_args for arg in ("--build-arg", a)]
+    volumes = [f"--volume={p}:{p}:ro" for p in sorted(paths)]
+    return volumes, [f"--build-arg={a}" for a in build_args]
 
 
 def base_image() -> None:
@@ -145,25 +145,21 @@ def base_image() -> None:
 def build(target: str, *extra: str, timeout: float = 1800) -> str:
     tag = f"{IMAGE}:{target}"
     volumes, pip_args = pip_sources()
+    args = [
+        "build",
+        "--format=docker",  # OCI, podman's default format, drops HEALTHCHECK
+        f"--target={target}",
+        f"--tag={tag}",
+        f"--build-arg=PYTHON_IMAGE={BASE}",
+        "--build-arg=TORCH_INDEX_URL=",  # PyTorch's index is out of reach: pip's configuration
+        *pip_args,
+        *volumes,
+        *extra,
+        str(ROOT),
+    ]
     with timed(f"build --target {target}"):
-        podman(
-            "build",
-            "--format",
-            "docker",  # docker format: OCI images drop HEALTHCHECK
-            "--target",
-            target,
-            "--tag",
-            tag,
-            "--build-arg",
-            f"PYTHON_IMAGE={BASE}",
-            "--build-arg",
-            "TORCH_INDEX_URL=",  # PyTorch's index is out of reach: pip's config
-            *pip_args,
-            *volumes,
-            *extra,
-            str(ROOT),
-            timeout=timeout,
-        )
+        print("  $ podman " + " ".join(args), flush=True)
+        podman(*args, timeout=timeout)
     return tag
 
 
@@ -397,8 +393,8 @@ def export(args: argparse.Namespace) -> None:
 
 def gpu(args: argparse.Namespace) -> None:
     base_image()
-    extras = ["--build-arg", f"ORT_GPU_EXTRAS={args.ort_extras}"] if args.ort_extras else []
-    image = build("gpu", "--build-arg", f"CUDA_IMAGE={BASE}", *extras)
+    extras = [f"--build-arg=ORT_GPU_EXTRAS={args.ort_extras}"] if args.ort_extras else []
+    image = build("gpu", f"--build-arg=CUDA_IMAGE={BASE}", *extras)
     check_no_torch(image)
     print(f"image size: gpu {image_size_mb(image):.0f} MB")
     # onnxruntime-gpu lists the CUDA provider whether or not CUDA can load, so the refusal comes

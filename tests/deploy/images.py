@@ -46,6 +46,16 @@ TEXTS = [
     "Transformers use self-attention to relate every token to every other token. " * 30,
 ]
 
+# pip's settings that the Dockerfile's install stages take as build arguments.
+PIP_BUILD_ARGS = {
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_FIND_LINKS",
+    "PIP_CERT",
+    "PIP_CONSTRAINT",
+}
+
 TIMINGS: list[tuple[str, float]] = []
 
 
@@ -104,19 +114,7 @@ def pip_sources() -> tuple[list[str], list[str]]:
     ).stdout
     files = re.findall(r"^\s+(\S+), exists: True$", debug, re.M)
     values = re.findall(r"^\s+[\w.-]+[:=] ?'?([^'\n]*)'?$", debug, re.M)
-    build_args = [
-        f"{k}={v}"
-        for k, v in os.environ.items()
-        if k
-        in {
-            "PIP_INDEX_URL",
-            "PIP_EXTRA_INDEX_URL",
-            "PIP_TRUSTED_HOST",
-            "PIP_FIND_LINKS",
-            "PIP_CERT",
-            "PIP_CONSTRAINT",
-        }
-    ]
+    build_args = [f"{k}={v}" for k, v in os.environ.items() if k in PIP_BUILD_ARGS]
     paths = set(files)
     for value in values:
         for word in value.split():
@@ -179,12 +177,8 @@ class Container:
         return podman("inspect", "--format", fmt, self.name).stdout.strip()
 
     def running(self) -> bool:
-        return (
-            podman(
-                "inspect", "--format", "{{.State.Running}}", self.name, check_rc=False
-            ).stdout.strip()
-            == "true"
-        )
+        state = podman("inspect", "--format", "{{.State.Running}}", self.name, check_rc=False)
+        return state.stdout.strip() == "true"
 
     def logs(self) -> str:
         done = podman("logs", self.name, check_rc=False)
@@ -197,12 +191,12 @@ def run_container(image: str, *args: str, serve: bool = True) -> Iterator[Contai
     on loopback only. Removed on the way out whatever happened; its log is shown on a failure."""
     name = f"headwise-check-{uuid.uuid4().hex[:8]}"
     ports = ["-p", "127.0.0.1::8000"] if serve else []
-    podman("run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp", *ports, *args, image)
-    port = None
-    if serve:
-        port = int(podman("port", name, "8000").stdout.strip().rsplit(":", 1)[1])
-    box = Container(name, port)
+    box = Container(name, None)
     try:
+        podman("run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp", *ports, *args, image)
+        if serve:
+            port = podman("port", name, "8000").stdout.strip().rsplit(":", 1)[1]
+            box = Container(name, int(port))
         yield box
     except BaseException:
         print(f"--- log of {name}:\n{box.logs()}", file=sys.stderr)
@@ -247,7 +241,7 @@ def reference_embeddings(texts: list[str]) -> np.ndarray:
 
 def check_embeddings(box: Container) -> None:
     status, body = http("POST", f"{box.url}/encode", {"inputs": TEXTS})
-    check(status == 200, f"/encode answers 200 ({status}: {body[:200]!r})")
+    check(status == 200, f"/encode answers 200 (got {status}{'' if status == 200 else body[:300]})")
     got = np.asarray(json.loads(body)["embeddings"], dtype=np.float64)
     got /= np.linalg.norm(got, axis=-1, keepdims=True)
     cosine = (got * reference_embeddings(TEXTS)).sum(-1)

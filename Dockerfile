@@ -136,6 +136,10 @@ FROM gpu-base AS gpu
 RUN groupadd --system --gid 10001 headwise \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin headwise
 COPY --from=gpu-build /opt/headwise /opt/headwise
+# With ORT_GPU_EXTRAS the CUDA runtime and cuDNN are pip wheels (site-packages/nvidia/*/lib), where
+# the dynamic loader does not look: ldconfig learns their folders. None on the CUDA base.
+RUN find /opt/headwise -path '*/site-packages/nvidia/*/lib' -type d > /etc/ld.so.conf.d/headwise-nvidia.conf \
+    && ldconfig
 COPY --from=bundle /models/bundle /bundle
 COPY docker/healthcheck.py /opt/headwise/healthcheck.py
 ENV PATH=/opt/headwise/bin:$PATH \

@@ -400,6 +400,17 @@ def gpu(args: argparse.Namespace) -> None:
         refusal = [
             ln for ln in log.splitlines() if "DeviceUnavailable" in ln or "cannot serve" in ln
         ]
+        if args.ort_extras:
+            # The CUDA libraries from pip all load; what is missing is the driver's libcuda.
+            loading = [
+                ln.rsplit("with error: ", 1)[-1]
+                for ln in log.splitlines()
+                if "Failed to load library" in ln
+            ]
+            check(
+                bool(loading) and all("libcuda.so" in ln for ln in loading),
+                f"with the pip CUDA libraries only the driver is missing: {loading}",
+            )
         check(
             code != "0" and bool(refusal),
             f"HEADWISE_DEVICE=cuda refuses to start (exit {code}): {refusal}",

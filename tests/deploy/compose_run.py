@@ -17,7 +17,8 @@ import urllib.parse
 import uuid
 from pathlib import Path
 
-from tests.deploy.images import (
+from tests.deploy.images import check_embeddings
+from tests.deploy.podman import (
     BASE,
     PODMAN_ENV,
     ROOT,
@@ -25,7 +26,6 @@ from tests.deploy.images import (
     Container,
     build,
     check,
-    check_embeddings,
     http,
     podman,
     timed,

@@ -49,8 +49,8 @@ def test_podman_uses_runc_cgroupfs_and_no_default_ulimits():
     assert conf["containers"]["default_ulimits"] == []
     assert conf["engine"]["cgroup_manager"] == "cgroupfs"
     assert conf["engine"]["runtime"] == "runc"
-    images = (ROOT / "tests" / "deploy" / "images.py").read_text()
-    assert "CONTAINERS_CONF" in images and "containers.conf" in images
+    runner = (ROOT / "tests" / "deploy" / "podman.py").read_text()
+    assert "CONTAINERS_CONF" in runner and "containers.conf" in runner
 
 
 def test_base_script_is_valid_bash_and_keeps_an_existing_base():

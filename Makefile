@@ -9,7 +9,8 @@ SETUP_STAMP := $(VENV)/.setup-done
 TEST_STAMP  := $(VENV)/.test-deps-done
 SOURCES := $(wildcard models/*.py export/*.py)
 
-.PHONY: setup serve test bundle lint bench system-deps clean
+.PHONY: setup serve test bundle lint bench system-deps clean \
+	image-deps image-test image-test-export image-test-gpu compose-test image-clean
 
 setup: $(SETUP_STAMP)
 
@@ -58,3 +59,39 @@ bench: $(TEST_STAMP) $(BENCH_BUNDLE)/manifest.json
 
 clean:
 	rm -rf $(VENV) bundles .pytest_cache
+
+# ---- images (README.md, "Deploy"): built and run with podman, as root ----------------------------
+# image-test (CI) builds the export and cpu targets on a stand-in base built from Debian's packages
+# (docker/podman/base.sh, kept once built), runs the cpu image and checks it as an operator would
+# (tests/deploy/images.py). The other three are run by hand: README.md, "What has been run".
+IMAGE_PACKAGES := podman buildah runc debootstrap netavark aardvark-dns
+PODMAN_COMPOSE := podman-compose==1.6.0
+
+image-deps:
+	@missing=$$(for p in $(IMAGE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+image-test: $(TEST_STAMP) image-deps
+	$(BIN)/python -m tests.deploy.images cpu
+
+image-test-export: $(TEST_STAMP) image-deps
+	$(BIN)/python -m tests.deploy.images export
+
+image-test-gpu: $(TEST_STAMP) image-deps
+	$(BIN)/python -m tests.deploy.images gpu
+
+compose-test: $(TEST_STAMP) image-deps
+	$(BIN)/python -m pip install -q $(PODMAN_COMPOSE)
+	$(BIN)/python -m tests.deploy.images compose
+
+# The images, the stand-in base and every unused image (the build cache): the next image-test
+# starts cold.
+image-clean:
+	CONTAINERS_CONF=$(CURDIR)/docker/podman/containers.conf podman rmi --force --ignore \
+		localhost/headwise:export localhost/headwise:cpu localhost/headwise:gpu \
+		localhost/headwise-prometheus:bookworm localhost/headwise-base:bookworm
+	CONTAINERS_CONF=$(CURDIR)/docker/podman/containers.conf podman image prune --all --force

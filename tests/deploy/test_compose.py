@@ -84,8 +84,55 @@ def test_compose_file_matches_the_compose_spec(tmp_path):
     assert check_compose_schema(tmp_path / "compose.yaml").returncode != 0
 
 
-def test_compose_has_the_three_services():
-    assert set(SERVICES) == {"headwise", "prometheus", "grafana"}
+def test_compose_has_the_four_services():
+    assert set(SERVICES) == {"export", "headwise", "prometheus", "grafana"}
+
+
+def test_export_service_writes_the_bundle_headwise_serves():
+    export, headwise = SERVICES["export"], SERVICES["headwise"]
+    assert export["build"]["target"] == "export"
+    assert export["environment"]["MODEL"] == "${MODEL:-}", "empty MODEL: the default model"
+    assert export["environment"]["REVISION"] == "${REVISION:-}"
+    assert "models:/models" in export["volumes"]
+    assert "models:/models:ro" in headwise["volumes"]
+    assert "models" in COMPOSE["volumes"]
+    # The image's default arguments write /models/bundle (test_dockerfile checks the CMD).
+    assert headwise["environment"]["HEADWISE_BUNDLE"] == "/models/bundle"
+    assert headwise["depends_on"]["export"]["condition"] == "service_completed_successfully"
+    assert export["restart"] == "no" and export["read_only"] is True
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """Compose's merge tags (!reset, !override) read as plain values."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: None)
+ComposeLoader.add_constructor(
+    "!override",
+    lambda loader, node: (
+        loader.construct_sequence(node)
+        if isinstance(node, yaml.SequenceNode)
+        else loader.construct_mapping(node)
+    ),
+)
+
+
+def test_cpu_override_serves_the_cpu_image_without_a_gpu():
+    with (DOCKER / "compose.cpu.yaml").open() as f:
+        override = yaml.load(f, Loader=ComposeLoader)
+    [(name, service)] = override["services"].items()
+    assert name == "headwise"
+    assert service["build"]["target"] == "cpu" and service["image"] == "headwise:cpu"
+    assert service["environment"]["HEADWISE_DEVICE"] == "cpu"
+    assert "!reset" in (DOCKER / "compose.cpu.yaml").read_text() and service["deploy"] is None
+
+
+def test_podman_override_names_only_loopback_ports():
+    with (DOCKER / "podman" / "compose.yaml").open() as f:
+        override = yaml.load(f, Loader=ComposeLoader)
+    assert set(override["services"]) <= set(SERVICES)
+    for service in override["services"].values():
+        assert all(p.startswith("127.0.0.1:") for p in service.get("ports", []))
 
 
 def test_headwise_builds_the_gpu_image_and_reserves_a_gpu():

@@ -94,7 +94,10 @@ def lineage(name: str, skip: frozenset[str] = frozenset()) -> list[Stage]:
     return seen
 
 
-def test_hadolint_finds_nothing():
+@pytest.mark.parametrize(
+    "dockerfile", [DOCKERFILE, DOCKER / "podman" / "prometheus.Containerfile"], ids=lambda p: p.name
+)
+def test_hadolint_finds_nothing(dockerfile):
     done = subprocess.run(
         [
             tool("hadolint"),
@@ -102,7 +105,7 @@ def test_hadolint_finds_nothing():
             str(ROOT / ".hadolint.yaml"),
             "--format",
             "json",
-            str(DOCKERFILE),
+            str(dockerfile),
         ],
         capture_output=True,
         text=True,
@@ -142,19 +145,53 @@ def test_stages_and_default_target():
         assert BY_NAME[name].base.startswith("python:3.11-slim"), BY_NAME[name].base
 
 
-def test_export_stage_builds_the_fp16_bundle_with_cpu_torch():
-    runs = " ".join(BY_NAME["export"].all("RUN"))
-    assert "install.sh export" in runs
-    assert re.search(r"headwise export --out /bundle\b.*--fp16", runs), runs
+def test_export_stage_is_an_image_that_exports_to_a_mounted_folder():
+    stage = BY_NAME["export"]
+    assert "install.sh export" in " ".join(stage.all("RUN"))
+    assert json.loads(stage.last("ENTRYPOINT")) == ["headwise-export"]
+    assert json.loads(stage.last("CMD")) == ["--out", "/models/bundle", "--fp16", "--int8"]
+    assert stage.last("USER") == "10001:10001"
+
+
+def test_bundle_stage_exports_the_build_time_model_with_the_export_image():
+    stage = BY_NAME["bundle"]
+    assert stage.base == "export"
+    assert {a.split("=")[0] for a in stage.all("ARG")} == {"MODEL", "REVISION"}
+    [run] = stage.all("RUN")
+    assert re.search(
+        r"MODEL=\$\{MODEL\} REVISION=\$\{REVISION\} headwise-export --out /models/bundle\b", run
+    )
+    assert "--fp16" in run and "--int8" in run
+
+
+PIP_ARGS = {
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_FIND_LINKS",
+    "PIP_CERT",
+}
+
+
+@pytest.mark.parametrize("name", ["export", "cpu-build", "gpu-build"])
+def test_where_packages_come_from_is_a_build_argument(name):
+    stage = BY_NAME[name]
+    args = {a.split("=")[0] for a in stage.all("ARG")}
+    assert args >= PIP_ARGS, f"{name} declares {args}"
+    [install] = [r for r in stage.all("RUN") if "install.sh" in r]
+    assert "--mount=type=secret,id=pip.conf,target=/etc/pip.conf" in install
+    if name == "export":
+        assert "TORCH_INDEX_URL" in args and "TORCH_INDEX_URL=${TORCH_INDEX_URL}" in install
 
 
 @pytest.mark.parametrize("name", SERVING)
 def test_serving_stage_has_no_torch(name):
-    # The bundle is the only thing taken from the export stage, where torch lives.
+    # The bundle is the only thing taken from the bundle stage, where torch lives.
     stage = BY_NAME[name]
-    from_export = [paths for src, paths in copied_from(stage) if src == "export"]
-    assert from_export == [["/bundle"]]
-    chain = lineage(name, skip=frozenset({"export"}))
+    assert [src for src, _ in copied_from(stage)] == [f"{name}-build", "bundle"]
+    from_bundle = [paths for src, paths in copied_from(stage) if src == "bundle"]
+    assert from_bundle == [["/models/bundle"]]
+    chain = lineage(name, skip=frozenset({"bundle"}))
     runs = [r for s in chain for r in s.all("RUN")]
     assert not any("torch" in r for r in runs), runs
     modes = {m for r in runs for m in re.findall(r"install\.sh (\w+)", r)}

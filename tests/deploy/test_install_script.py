@@ -157,3 +157,46 @@ def test_export_mode_takes_torch_pin_from_pyproject(tmp_path):
     )
     version = report_packages(report)["torch"]
     assert version.split("+")[0] == torch_pin.removeprefix("torch==")
+
+
+EXPORT_ENTRYPOINT = DOCKER / "export.sh"
+
+
+def export_entrypoint(tmp_path: Path, env: dict[str, str], *args: str) -> list[str]:
+    """The arguments docker/export.sh hands to `headwise` (a stand-in that prints them)."""
+    fake = tmp_path / "bin" / "headwise"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    done = subprocess.run(
+        ["sh", str(EXPORT_ENTRYPOINT), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": f"{fake.parent}:/usr/bin:/bin", **env},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_export_entrypoint_without_model_exports_the_default_model(tmp_path):
+    assert os.access(EXPORT_ENTRYPOINT, os.X_OK)
+    out = ["--out", "/models/bundle", "--fp16"]
+    assert export_entrypoint(tmp_path, {}, *out) == ["export", *out]
+    assert export_entrypoint(tmp_path, {"MODEL": "", "REVISION": ""}, *out) == ["export", *out]
+
+
+def test_export_entrypoint_takes_model_and_revision_from_the_environment(tmp_path):
+    env = {"MODEL": "BAAI/bge-small-en-v1.5", "REVISION": "v1 with space"}
+    assert export_entrypoint(tmp_path, env, "--out", "/o") == [
+        "export",
+        "--model",
+        "BAAI/bge-small-en-v1.5",
+        "--revision",
+        "v1 with space",
+        "--out",
+        "/o",
+    ]
+    # An explicit flag comes later, so it wins (argparse keeps the last).
+    args = export_entrypoint(tmp_path, {"MODEL": "/model"}, "--model", "/other", "--out", "/o")
+    assert args == ["export", "--model", "/model", "--model", "/other", "--out", "/o"]

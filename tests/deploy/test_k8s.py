@@ -107,7 +107,6 @@ def test_shutdown_leaves_time_to_drain():
 
 def test_environment_and_security():
     assert ENV["HEADWISE_HOST"] == "0.0.0.0"
-    assert ENV["HEADWISE_BUNDLE"] == "/bundle"
     assert int(ENV["HEADWISE_PORT"]) == port_named("http") == 8000
     # Service links would set HEADWISE_PORT=tcp://... for a Service called headwise.
     assert POD["spec"]["enableServiceLinks"] is False
@@ -191,4 +190,53 @@ def test_kustomization_lists_every_manifest():
     kustomization = load_yaml(K8S / "kustomization.yaml")
     top_level = {m for m in MANIFESTS if "/" not in m} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == top_level
-    assert [i["name"] for i in kustomization["images"]] == [CONTAINER["image"].split(":")[0]]
+    images = [c["image"].split(":")[0] for c in [CONTAINER, EXPORT]]
+    assert [i["name"] for i in kustomization["images"]] == images
+    assert len(set(images)) == 2, "one images: entry per image, or kustomize retags both"
+    assert [i["newTag"] for i in kustomization["images"]] == ["gpu", "export"]
+
+
+# ---- the model, chosen at deploy time -------------------------------------------------------
+
+
+EXPORT = next(c for c in POD["spec"]["initContainers"] if c["name"] == "export")
+
+
+def mounts(container: dict) -> dict[str, dict]:
+    return {m["name"]: m for m in container["volumeMounts"]}
+
+
+def test_model_and_revision_are_set_in_the_kustomization_only():
+    kustomization = load_yaml(K8S / "kustomization.yaml")
+    [generator] = kustomization["configMapGenerator"]
+    literals = dict(line.split("=", 1) for line in generator["literals"])
+    assert literals == {"MODEL": "", "REVISION": ""}, "empty MODEL: the default model"
+    [source] = EXPORT["envFrom"]
+    assert source["configMapRef"]["name"] == generator["name"]
+    everywhere = [e["name"] for c in [CONTAINER, EXPORT] for e in c.get("env", [])]
+    assert not {"MODEL", "REVISION"} & set(everywhere), "set in one place, the kustomization"
+
+
+def test_export_init_container_writes_the_bundle_the_server_reads():
+    out = EXPORT["args"][EXPORT["args"].index("--out") + 1]
+    bundle = ENV["HEADWISE_BUNDLE"]
+    assert out == bundle
+    export_mount, serve_mount = mounts(EXPORT)["models"], mounts(CONTAINER)["models"]
+    assert export_mount["mountPath"] == serve_mount["mountPath"]
+    assert Path(bundle).parent == Path(serve_mount["mountPath"]), (
+        "export renames a sibling folder into place: the bundle is a sub-folder of the volume"
+    )
+    assert serve_mount.get("readOnly") is True and not export_mount.get("readOnly")
+    [volume] = [v for v in POD["spec"]["volumes"] if v["name"] == "models"]
+    assert "emptyDir" in volume
+
+
+def test_export_init_container_needs_no_gpu_and_is_locked_down_like_the_server():
+    assert "nvidia.com/gpu" not in EXPORT["resources"]["limits"]
+    assert EXPORT["resources"]["requests"]["memory"]
+    assert EXPORT["securityContext"] == CONTAINER["securityContext"]
+    assert mounts(EXPORT)["export-tmp"]["mountPath"] == "/tmp", (
+        "read-only root: /tmp for the Hub cache"
+    )
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert '["--out", "/models/bundle", "--fp16", "--int8"]' in dockerfile

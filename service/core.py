@@ -21,7 +21,7 @@ from service.metrics import Metrics
 from service.pipelines.attention import AttentionPipeline
 from service.pipelines.embed import EmbedPipeline
 from service.pipelines.score import ScorePipeline
-from service.runtime import Backend
+from service.runtime import Backend, DeviceUnavailable
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,24 @@ def unique_names(specs: Sequence[ModelSpec], manifest_names: Sequence[str]) -> l
     return names
 
 
+def load_backends(specs: Sequence[ModelSpec], loader: Loader, settings: Settings) -> list[Backend]:
+    """One backend per bundle; a bundle that cannot be loaded stops it all, naming the folder.
+
+    Only one session in a process may spin its threads: several spinning at once fight for the
+    cores (measured ~5x slower). The first model's serving session is that one.
+    """
+    quiet = settings.model_copy(update={"spinning": False})
+    backends = []
+    for i, spec in enumerate(specs):
+        try:
+            backends.append(loader(spec, settings if i == 0 else quiet))
+        except DeviceUnavailable:
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"cannot load bundle {spec.path}: {exc}") from exc
+    return backends
+
+
 class Core:
     def __init__(self, models: list[Model], settings: Settings, metrics: Metrics) -> None:
         if not models:
@@ -156,15 +174,7 @@ class Core:
     def load(
         cls, specs: Sequence[ModelSpec], loader: Loader, settings: Settings, metrics: Metrics
     ) -> Core:
-        backends = []
-        # Only one session in a process may spin its threads: several spinning at once fight
-        # for the cores (measured ~5x slower). The first model's serving session is that one.
-        quiet = settings.model_copy(update={"spinning": False})
-        for i, spec in enumerate(specs):
-            try:
-                backends.append(loader(spec, settings if i == 0 else quiet))
-            except Exception as exc:
-                raise RuntimeError(f"cannot load bundle {spec.path}: {exc}") from exc
+        backends = load_backends(specs, loader, settings)
         names = unique_names(specs, [b.manifest.name for b in backends])
         return cls(
             [build_model(n, b, settings, metrics) for n, b in zip(names, backends, strict=True)],

@@ -111,9 +111,17 @@ class OnnxBackend:
         self._tokens = ["token_embeddings"] if self.token_output else None
         used = self.session.get_providers()
         if settings.device == "cuda" and CUDA not in used:
-            raise DeviceUnavailable(f"CUDA provider failed to start for {graph}; providers: {used}")
+            raise DeviceUnavailable(
+                f"HEADWISE_DEVICE=cuda but the CUDA provider failed to start for {graph} "
+                f"(providers: {used}): is the NVIDIA driver there (--gpus all)?"
+            )
         if providers[0] == CUDA and CUDA not in used:
             log.warning("CUDA provider failed to start; serving on the CPU")
+            if graph != (cpu_graph := choose_graph(bundle, settings.precision, on_cuda=False)):
+                graph = cpu_graph  # the fp16 graph was chosen for the GPU: slow on a CPU
+                self.session = build_session(
+                    bundle.graph_path(graph), used, settings.threads, spin and settings.spinning
+                )
         self.info = RuntimeInfo(used, graph, self.manifest.graphs[graph].precision)
         self.attention_session = None
         if settings.attention_enabled and bundle.has_graph("attention"):

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import uvicorn
 
 from service.bundle import Bundle, BundleError, load_bundle
-from service.core import ModelSpec, unique_names
+from service.core import ModelSpec, load_backends, unique_names
 from service.runtime import Backend, DeviceUnavailable, OnnxBackend, choose_providers
 from service.settings import Settings
 
@@ -73,13 +73,19 @@ def serve_command(args: argparse.Namespace) -> int:
         bundles = check_bundles(settings)
         if settings.device == "cuda":  # fail before binding the port when the GPU is missing
             choose_providers(settings.device, ort.get_available_providers())
-    except (BundleError, DeviceUnavailable, ValueError) as exc:
+        # The sessions start before the port is bound: a GPU that onnxruntime-gpu lists but
+        # cannot use (no driver) refuses here, with a message and exit 1, not at first request.
+        specs = list(bundles)
+        backends = load_backends(specs, lambda spec, s: OnnxBackend(bundles[spec], s), settings)
+    except (BundleError, DeviceUnavailable, ValueError, RuntimeError) as exc:
         log.error("cannot serve: %s", exc)
         return 1
     from service.app import create_app
 
+    loaded = dict(zip(specs, backends, strict=True))
+
     def preloaded(spec: ModelSpec, s: Settings) -> Backend:
-        return OnnxBackend(bundles[spec], s)
+        return loaded[spec]
 
     app = create_app(settings, loader=preloaded)
     config = uvicorn.Config(

@@ -123,3 +123,29 @@ def test_a_bundle_of_another_format_is_refused_naming_both_versions(bundle_copy)
     path.write_text(json.dumps({**json.loads(path.read_text()), "format": 1}))
     with pytest.raises(BundleError, match="format 1.*reads format 2"):
         load_bundle(bundle_copy)
+
+
+def test_auto_falls_back_to_the_cpu_and_then_serves_the_fp32_graph(tiny_bundle, monkeypatch, caplog):
+    """onnxruntime-gpu lists CUDA even where no driver is: the session then starts on the CPU,
+    and the fp16 graph chosen for the GPU is swapped for fp32 (fp16 is slow on a CPU)."""
+    import onnxruntime as ort
+
+    from service.runtime import OnnxBackend
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
+    with caplog.at_level(logging.WARNING):
+        backend = OnnxBackend(load_bundle(tiny_bundle), Settings(device="auto"))
+    assert "CUDA provider failed to start" in caplog.text
+    assert backend.info.providers == [CPU] and backend.info.graph == "encoder"
+
+
+def test_cuda_demanded_where_the_provider_cannot_start_refuses_naming_the_driver(
+    tiny_bundle, monkeypatch
+):
+    import onnxruntime as ort
+
+    from service.runtime import OnnxBackend
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, CPU])
+    with pytest.raises(DeviceUnavailable, match="driver"):
+        OnnxBackend(load_bundle(tiny_bundle), Settings(device="cuda"))

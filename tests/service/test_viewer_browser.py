@@ -366,3 +366,51 @@ def test_long_inputs_are_painted_on_canvases(page, live: Live) -> None:
     assert page.locator("#heatmap rect.cell").count() == n * n
     for name, (run_ms, painted_ms) in timings.items():
         print(f"{name} {n}x{n}: {run_ms:.0f} ms to run, {painted_ms:.0f} ms to the next frame")
+
+
+@pytest.fixture(scope="module")
+def live_two(browser, tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """Two models with attention maps, so the page offers a choice."""
+    tmp = tmp_path_factory.mktemp("viewer-two")
+    with serve([f"first={tiny_bundle}", f"second={tiny_bundle}"], tmp, ready_s=60) as server:
+        yield server
+
+
+def test_a_pair_is_split_where_the_document_starts_and_the_model_can_be_chosen(
+    browser, live_two: Live
+) -> None:
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    context.set_default_timeout(WAIT_MS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    requests: list[dict] = []
+    page.on(
+        "request",
+        lambda r: requests.append(json.loads(r.post_data))
+        if r.url.endswith("/attention") and r.post_data
+        else None,
+    )
+    try:
+        page.goto(f"{live_two.url}/attention/view")
+        page.wait_for_function("document.querySelectorAll('#modelsel option').length === 2")
+        assert page.locator("#modelsel").is_visible()
+        page.select_option("#modelsel", "second")
+        page.fill("#text", "the cat")
+        page.fill("#pair", "the dog sat")
+        page.click("#show")
+        wait_state(page, "ready")
+        assert requests[-1]["model"] == "second" and requests[-1]["pair"] == "the dog sat"
+        body = httpx.post(
+            f"{live_two.url}/attention",
+            json={"input": "the cat", "pair": "the dog sat", "model": "second", "layers": [0]},
+        ).json()
+        boundary = body["boundary"]
+        assert body["tokens"][boundary] == "the" and body["tokens"][boundary - 1] == "[SEP]"
+        assert page.locator("#boundary-x").count() == 1 and page.locator("#boundary-y").count() == 1
+        docs = page.locator("#heatmap-svg text.ylabel.doc").all_text_contents()
+        assert docs == ["the", "dog", "sat"]  # the document's tokens, marked apart
+        screenshot(page, "attention-pair.png")
+        assert not errors, errors
+    finally:
+        context.close()

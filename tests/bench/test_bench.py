@@ -119,3 +119,21 @@ def test_gpu_check_refuses_to_run_without_cuda_unless_dry(tiny_bundle, tmp_path)
         timeout=120,
     )
     assert done.returncode == 2 and "onnxruntime-gpu" in done.stderr
+
+
+def test_profile_summary_splits_busy_time_by_thread_and_package():
+    from bench.profile import summarise
+
+    raw = "\n".join(
+        [
+            "thread (1): MainThread;Runner.run (asyncio/runners.py:118) 60",
+            "thread (1): MainThread;send (uvicorn/protocols/http/httptools_impl.py:524) 30",
+            "thread (1): MainThread;tokenize (service/runtime.py:138) 10",
+            "thread (2): infer-encode;_worker (concurrent/futures/thread.py:81) 50",
+            "thread (2): infer-encode;Session.run (onnxruntime/capi/x.py:406) 50",
+        ]
+    )
+    table = summarise(raw, requests=10, seconds=1.0)
+    assert "| infer-encode | 50.0 % | 50.00 |" in table
+    assert "| MainThread | 40.0 % | 40.00 |" in table
+    assert "| uvicorn | 75.0 % |" in table and "| service/runtime.py | 25.0 % |" in table

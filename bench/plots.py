@@ -29,12 +29,21 @@ def draw(r: dict, stem: Path) -> list[Path]:
     ax.axhline(r["graph_direct"], ls="--", c="gray", label="fp32 graph called directly")
     i8 = r.get("int8", {})
     if "http" in i8:
+        h = i8["http"]
         ax.plot(
-            [i8["http"]["concurrency"]],
-            [i8["http"]["int8_texts_per_s"]],
+            [h["concurrency"]],
+            [h["fp32_texts_per_s"]],
+            "o",
+            mfc="none",
+            c="C0",
+            label="HTTP fp32, runs alternated with int8",
+        )
+        ax.plot(
+            [h["concurrency"]],
+            [h["int8_texts_per_s"]],
             "s",
             c="C2",
-            label="HTTP /encode, int8",
+            label="HTTP int8, runs alternated with fp32",
         )
         ax.axhline(i8["graph_direct"], ls=":", c="C2", label="int8 graph called directly")
     if r.get("sentence_transformers"):

@@ -62,8 +62,8 @@ $(BENCH_STAMP): $(TEST_STAMP)
 bench: $(BENCH_STAMP) $(BENCH_BUNDLE)/manifest.json
 	$(BIN)/python -m bench --bundle $(BENCH_BUNDLE)
 
-# On a machine with an NVIDIA GPU: a fresh venv with onnxruntime-gpu (the export venv with CPU
-# torch builds the bundle with --fp16), parity on CUDA, the graph and HTTP measured, GPU memory
+# On a machine with an NVIDIA GPU (a driver; CUDA and cuDNN come as wheels): a fresh venv with
+# onnxruntime-gpu (the export venv with CPU torch builds the bundle with --fp16), parity on CUDA, the graph and HTTP measured, GPU memory
 # recorded; JSON + markdown under bench/results/gpu.*. gpu-check-dry runs every step but the
 # CUDA ones on the CPU (CI runs it through tests/bench).
 GPU_VENV   ?= .venv-gpu
@@ -74,7 +74,7 @@ $(GPU_BUNDLE)/manifest.json: $(SETUP_STAMP) $(SOURCES)
 $(GPU_VENV)/.done: pyproject.toml
 	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
-	$(GPU_VENV)/bin/python -m pip install -q -e '.[gpu]'
+	$(GPU_VENV)/bin/python -m pip install -q -e '.[gpu]' 'onnxruntime-gpu[cuda,cudnn]'
 	touch $@
 
 gpu-check: $(GPU_VENV)/.done $(GPU_BUNDLE)/manifest.json

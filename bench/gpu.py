@@ -70,6 +70,12 @@ def parity(bundle, sequences: list[list[int]], providers: list[str], dry: bool) 
             out[key] = {"skipped": "fp16 runs on CUDA only"}
             continue
         s = build_session(bundle.graph_path(key), providers)
+        if s.get_providers()[0] != providers[0]:  # ORT falls back to the CPU with a log line
+            raise ParityError(
+                f"{key}: {providers[0]} did not start (session runs on {s.get_providers()}): "
+                "CUDA/cuDNN libraries missing or not matching this onnxruntime-gpu; "
+                "pip install 'onnxruntime-gpu[cuda,cudnn]' brings matching ones"
+            )
         cos = cosines(embed(s, sequences), want)
         out[key] = {
             "providers": s.get_providers(),
@@ -249,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     providers = [CPU] if dry else [CUDA, CPU]
+    if not dry and hasattr(ort, "preload_dlls"):
+        # CUDA and cuDNN from the nvidia-* wheels of onnxruntime-gpu[cuda,cudnn], when there;
+        # a system CUDA on the library path serves as well.
+        ort.preload_dlls()
     bundle = load_bundle(args.bundle)
     texts = corpus.sentences(64 if dry else args.texts)
     sequences = baselines.tokenize(args.bundle / "tokenizer.json", texts)

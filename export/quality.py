@@ -98,6 +98,12 @@ def docstring_pairs(split: Split = "gate", limit: int | None = None) -> Pairs:
             if (int(hashlib.sha256(qd[0].encode()).hexdigest()[-4:], 16) % GATE_SHARE == 0) == gate
         ]
     items = items[:limit] if limit is not None else items
+    if not items and limit != 0:
+        raise ValueError(
+            f"no query -> document pairs for the int8 gate: CPython's standard-library sources "
+            f"are not at {stdlib} (an install without .py files?); --int8-pairs 0 exports "
+            "without the retrieval gate"
+        )
     return Pairs([q for q, _ in items], [d for _, d in items])
 
 

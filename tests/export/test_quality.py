@@ -61,3 +61,9 @@ def test_embed_runs_length_sorted_batches_and_returns_rows_in_input_order(model_
     out = quality.embed(run, tok, texts, ["input_ids", "attention_mask"], batch_size=2)
     assert [int(x) for x in out[:, 0]] == [len(tok.encode(t).ids) for t in texts]
     assert shapes[0][1] <= shapes[1][1]  # shortest first
+
+
+def test_missing_stdlib_sources_fail_the_export_with_a_reason(monkeypatch):
+    monkeypatch.setattr(quality, "_docstring_pairs", lambda stdlib: {})
+    with pytest.raises(ValueError, match="--int8-pairs 0"):
+        quality.docstring_pairs("gate")

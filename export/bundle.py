@@ -114,6 +114,8 @@ def _int8(
         return 1.0 - probe_parity(candidate).min_cosine
 
     min_cosine = options.int8_min_cosine if task == "embed" else verify.INT8_TARGET_COSINE
+    # The floor against a broken quantiser is part of the search: a graph under it keeps nodes.
+    min_cosine = max(min_cosine, verify.INT8_MIN_COSINE)
     gate = None
     if task == "embed" and options.int8_pairs > 0:
         pairs = quality.docstring_pairs("gate", limit=options.int8_pairs)

@@ -7,9 +7,10 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 SETUP_STAMP := $(VENV)/.setup-done
 TEST_STAMP  := $(VENV)/.test-deps-done
+BENCH_STAMP := $(VENV)/.bench-deps-done
 SOURCES := $(wildcard models/*.py export/*.py)
 
-.PHONY: setup serve test bundle lint bench system-deps clean \
+.PHONY: setup serve test bundle lint bench gpu-check gpu-check-dry system-deps clean \
 	image-deps image-test image-test-export image-test-gpu compose-test image-clean
 
 setup: $(SETUP_STAMP)
@@ -54,11 +55,37 @@ BENCH_BUNDLE ?= bundles/bench
 $(BENCH_BUNDLE)/manifest.json: $(SETUP_STAMP) $(SOURCES)
 	$(BIN)/headwise export --out $(BENCH_BUNDLE) --int8
 
-bench: $(TEST_STAMP) $(BENCH_BUNDLE)/manifest.json
+$(BENCH_STAMP): $(TEST_STAMP)
+	$(BIN)/python -m pip install -q -e '.[cpu,export,test,bench]'
+	touch $@
+
+# Table (markdown), JSON and plots (PNG) under bench/results/.
+bench: $(BENCH_STAMP) $(BENCH_BUNDLE)/manifest.json
 	$(BIN)/python -m bench --bundle $(BENCH_BUNDLE)
 
+# On a machine with an NVIDIA GPU (a driver; CUDA and cuDNN come as wheels): a fresh venv with
+# onnxruntime-gpu (the export venv with CPU torch builds the bundle with --fp16), parity on CUDA, the graph and HTTP measured, GPU memory
+# recorded; JSON + markdown under bench/results/gpu.*. gpu-check-dry runs every step but the
+# CUDA ones on the CPU (CI runs it through tests/bench).
+GPU_VENV   ?= .venv-gpu
+GPU_BUNDLE ?= bundles/gpu
+$(GPU_BUNDLE)/manifest.json: $(SETUP_STAMP) $(SOURCES)
+	$(BIN)/headwise export --out $(GPU_BUNDLE) --fp16
+
+$(GPU_VENV)/.done: pyproject.toml
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install -q -e '.[gpu]' 'onnxruntime-gpu[cuda,cudnn]'
+	touch $@
+
+gpu-check: $(GPU_VENV)/.done $(GPU_BUNDLE)/manifest.json
+	$(GPU_VENV)/bin/python -m bench.gpu --bundle $(GPU_BUNDLE)
+
+gpu-check-dry: $(SETUP_STAMP) $(GPU_BUNDLE)/manifest.json
+	$(BIN)/python -m bench.gpu --bundle $(GPU_BUNDLE) --dry-run
+
 clean:
-	rm -rf $(VENV) bundles .pytest_cache
+	rm -rf $(VENV) $(GPU_VENV) bundles .pytest_cache
 
 # ---- images (README.md, "Deploy"): built and run with podman, as root ----------------------------
 # image-test (CI) builds the export and cpu targets on a stand-in base built from Debian's packages

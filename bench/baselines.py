@@ -86,20 +86,26 @@ def graph_direct(
     return len(sequences) / best, out
 
 
-def single_call_latency(graph: Path, sequence: list[int], repeats: int = 200) -> float:
-    """Median seconds of one session call on one short text."""
-    s = session(graph)
+def single_call_times(
+    s: ort.InferenceSession, sequence: list[int], repeats: int = 200, warm: int = 10
+) -> list[float]:
+    """Seconds of each of `repeats` session calls on one text."""
     ids, mask = padded([sequence])
     feed = {"input_ids": ids, "attention_mask": mask}
     primary = primary_output(s)
-    for _ in range(10):
+    for _ in range(warm):
         s.run(primary, feed)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         s.run(primary, feed)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def single_call_latency(graph: Path, sequence: list[int], repeats: int = 200) -> float:
+    """Median seconds of one session call on one short text."""
+    return statistics.median(single_call_times(session(graph), sequence, repeats))
 
 
 def sentence_transformers_rate(

@@ -30,10 +30,21 @@ class LoadResult:
         return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
 
 
-def build_requests(url: str, path: str, texts: list[str], openai: bool = False) -> list[bytes]:
+def build_requests(
+    url: str, path: str, texts: list[str], openai: bool = False, per_request: int = 1
+) -> list[bytes]:
+    """One request per text, or per `per_request` consecutive texts (sent as a list)."""
     host = urlsplit(url).netloc
     out = []
-    for text in texts:
+    groups = (
+        texts
+        if per_request == 1
+        else [
+            [texts[(i + k) % len(texts)] for k in range(per_request)]
+            for i in range(0, len(texts), per_request)
+        ]
+    )
+    for text in groups:
         payload = (
             {"input": text, "model": "m", "encoding_format": "base64"}
             if openai

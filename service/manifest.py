@@ -35,6 +35,35 @@ class Parity(Frozen):
     attention_max_abs_diff: float | None = None
 
 
+class RetrievalQuality(Frozen):
+    """A quantised graph against fp32 where users feel it, on held-out real text (export's
+    `quality` module): retrieval of query -> document pairs, in points (0-100), the Spearman
+    correlation of pair similarities with fp32's, and cosines to fp32 for information."""
+
+    corpus: str
+    pairs: int
+    recall_at_1: float
+    recall_at_10: float
+    mrr: float
+    fp32_recall_at_1: float
+    fp32_recall_at_10: float
+    fp32_mrr: float
+    spearman: float
+    min_cosine: float
+    mean_cosine: float
+    # The gate it was held to: at most this many points of recall@10 and MRR lost, at least
+    # this Spearman.
+    max_drop_allowed: float | None = None
+    min_spearman_allowed: float | None = None
+
+    @property
+    def max_drop(self) -> float:
+        """The larger loss, in points, of recall@10 and MRR (negative: both gained): what the
+        gate holds. Recall@1 is reported beside it: one query's top hit flips it by 100/pairs
+        points, and MRR already carries the top hits, smoothly."""
+        return max(self.fp32_recall_at_10 - self.recall_at_10, self.fp32_mrr - self.mrr)
+
+
 class FileEntry(Frozen):
     file: str
     sha256: str
@@ -48,6 +77,8 @@ class GraphEntry(FileEntry):
     # False only for a graph exported with an explicit flag that allows unfused attention.
     fused: bool = True
     kept_fp32: list[str] = Field(default_factory=list)  # int8: nodes left in float32
+    quantised: int | None = None  # int8: how many of the graph's MatMul/Attention nodes are int8
+    quality: RetrievalQuality | None = None  # int8 of an embedding model: what its gate measured
 
 
 class Source(Frozen):

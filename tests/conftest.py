@@ -67,7 +67,8 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> Path:
     from export.bundle import ExportOptions, build_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "tiny"
-    build_bundle(tiny_model, out, ExportOptions(fp16=True, int8=True))
+    # A random model cannot show retrieval quality: a few pairs exercise the gate, fast.
+    build_bundle(tiny_model, out, ExportOptions(fp16=True, int8=True, int8_pairs=24))
     return out
 
 

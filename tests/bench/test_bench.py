@@ -38,6 +38,8 @@ def test_bench_runs_and_reports_ratios(tiny_bundle, tmp_path):
             "1,4",
             "--json",
             str(out),
+            "--quality-pairs",
+            "16",
         ],
         capture_output=True,
         text=True,
@@ -48,7 +50,90 @@ def test_bench_runs_and_reports_ratios(tiny_bundle, tmp_path):
     assert result["graph_direct"] > 0 and result["gemm_peak_gflops"] > 0
     assert [run["concurrency"] for run in result["http"]] == [1, 4]
     assert all(run["errors"] == 0 and run["texts_per_s"] > 0 for run in result["http"])
-    assert 0 < result["int8"]["min_cosine"] <= 1
+    assert 0 < result["int8"]["min_cosine"] <= 1 and result["int8"]["speedup"] > 0
+    assert result["int8"]["http"]["int8_texts_per_s"] > 0
+    holdout = result["int8"]["holdout"]
+    assert holdout["pairs"] == 16 and holdout["split"] == "holdout"
     table = render(result)
     assert "vs graph direct" in table and "| 4 clients |" in table
+    assert "held-out query -> document pairs" in table
     assert table in done.stdout
+    assert out.with_suffix(".md").read_text() == table + "\n"
+    assert {p.name for p in tmp_path.glob("*.png")} == {
+        "bench-throughput.png",
+        "bench-latency.png",
+    }
+
+
+def test_gpu_check_runs_every_step_but_the_cuda_ones_in_its_dry_mode(tiny_bundle, tmp_path):
+    out = tmp_path / "gpu.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.gpu",
+            "--bundle",
+            str(tiny_bundle),
+            "--dry-run",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["dry_run"] is True
+    assert result["parity"]["encoder"]["min_cosine"] >= 0.99999
+    assert {(g["batch"], g["length"]) for g in result["graph"]["encoder"]} == {
+        (1, 8),
+        (1, 16),
+        (4, 8),
+        (4, 16),
+    }
+    assert all(g["iobinding_ms"] > 0 for g in result["graph"]["encoder"])
+    runs = result["http"]["runs"]
+    assert [(h["texts_per_request"], h["clients"]) for h in runs] == [(1, 1), (1, 4), (32, 1)]
+    assert all(h["errors"] == 0 for h in runs)
+    assert "DRY RUN" in out.with_suffix(".md").read_text()
+
+
+def test_gpu_check_refuses_to_run_without_cuda_unless_dry(tiny_bundle, tmp_path):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: the real check would run")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.gpu",
+            "--bundle",
+            str(tiny_bundle),
+            "--json",
+            str(tmp_path / "gpu.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "onnxruntime-gpu" in done.stderr
+
+
+def test_profile_summary_splits_busy_time_by_thread_and_package():
+    from bench.profile import summarise
+
+    raw = "\n".join(
+        [
+            "thread (1): MainThread;Runner.run (asyncio/runners.py:118) 60",
+            "thread (1): MainThread;send (uvicorn/protocols/http/httptools_impl.py:524) 30",
+            "thread (1): MainThread;tokenize (service/runtime.py:138) 10",
+            "thread (2): infer-encode;_worker (concurrent/futures/thread.py:81) 50",
+            "thread (2): infer-encode;Session.run (onnxruntime/capi/x.py:406) 50",
+        ]
+    )
+    table = summarise(raw, requests=10, seconds=1.0)
+    assert "| infer-encode | 50.0 % | 50.00 |" in table
+    assert "| MainThread | 40.0 % | 40.00 |" in table
+    assert "| uvicorn | 75.0 % |" in table and "| service/runtime.py | 25.0 % |" in table

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from export import verify
+from export import quality, verify
 from export.bundle import build_bundle
 from export.optimize import FusionError, check_fusion
 from service.bundle import load_bundle, sha256_file
@@ -109,32 +109,66 @@ def test_fp16_graph_keeps_float32_io_and_fused_ops(tiny_bundle):
     assert manifest["graphs"]["encoder_fp16"]["parity"]["min_cosine"] >= verify.FP16_MIN_COSINE
 
 
-def test_int8_graph_is_quantised_and_its_cosine_recorded(tiny_bundle):
+def test_int8_graph_is_quantised_and_its_gate_figures_recorded(tiny_bundle):
     path = tiny_bundle / "encoder.int8.onnx"
     op_types = ops(path)
     assert "MatMulInteger" in op_types or "DynamicQuantizeMatMul" in op_types
     assert "EmbedLayerNormalization" in op_types  # the embeddings stay float
-    entry = json.loads((tiny_bundle / "manifest.json").read_text())["graphs"]["encoder_int8"]
-    parity = entry["parity"]
-    assert parity["reference"] == "encoder.onnx" and 0 < parity["min_cosine"] <= 1
-    # Either the whole graph met the target, or its most sensitive nodes stayed fp32.
-    assert parity["min_cosine"] >= verify.INT8_TARGET_COSINE or entry["kept_fp32"]
+    manifest = load_bundle(tiny_bundle).manifest
+    entry = manifest.graphs["encoder_int8"]
+    assert entry.parity.reference == "encoder.onnx" and 0 < entry.parity.min_cosine <= 1
+    assert entry.quantised + len(entry.kept_fp32) == 8  # 2 layers x (QKV, out, FFN in, FFN out)
+    q = entry.quality
+    assert q is not None and q.pairs == 24 and q.corpus == quality.CORPUS
+    assert (q.max_drop_allowed, q.min_spearman_allowed) == (0.5, 0.99)
+    # Either the whole graph passed the gate, or its most sensitive nodes stayed fp32.
+    assert quality.within(q, 0.5, 0.99) or len(entry.kept_fp32) == 8
 
 
-def test_int8_keeps_the_most_sensitive_nodes_in_fp32_until_the_target(tmp_path, tiny_bundle):
+def quantised_nodes(path) -> list[str]:
+    nodes = onnx.load(str(path)).graph.node
+    return [n.name for n in nodes if n.op_type in ("MatMulInteger", "QAttention")]
+
+
+def fake_cost(path) -> float:
+    """A fake gate's measure: quantising a node named *fc2* costs 0.02, any other 0.001."""
+    return sum(0.02 if "fc2" in name else 0.001 for name in quantised_nodes(path))
+
+
+def test_int8_is_the_whole_graph_when_it_passes_the_gate(tmp_path, tiny_bundle):
     from export.optimize import to_int8
 
-    def fake_min_cosine(path):
-        """Quantising a node named *fc2* costs 0.02 of cosine, any other 0.001."""
-        nodes = onnx.load(str(path)).graph.node
-        quantised = [n.name for n in nodes if n.op_type in ("MatMulInteger", "QAttention")]
-        return 1.0 - sum(0.02 if "fc2" in name else 0.001 for name in quantised)
+    scored = []
+
+    def passes(path):
+        scored.append(path)
+        return fake_cost(path) <= 0.05
+
+    report = to_int8(tiny_bundle / "encoder.onnx", tmp_path / "q.onnx", passes, fake_cost)
+    assert report.kept_fp32 == [] and report.quantised == 8
+    assert len(scored) == 1  # the fastest graph is tried first, and nothing else is scored
+
+
+def test_int8_keeps_the_fewest_worst_nodes_in_fp32_that_pass_the_gate(tmp_path, tiny_bundle):
+    from export.optimize import to_int8
 
     report = to_int8(
-        tiny_bundle / "encoder.onnx", tmp_path / "q.onnx", fake_min_cosine, target=0.99
+        tiny_bundle / "encoder.onnx",
+        tmp_path / "q.onnx",
+        passes=lambda path: fake_cost(path) <= 0.01,
+        damage=fake_cost,
     )
-    assert report.min_cosine >= 0.99
     assert len(report.kept_fp32) == 2 and all("fc2" in name for name in report.kept_fp32)
+    assert fake_cost(tmp_path / "q.onnx") <= 0.01
+    assert len(quantised_nodes(tmp_path / "q.onnx")) == 6
+    assert report.tried <= 4  # a binary search over 8 nodes, not one graph per node
+
+
+def test_int8_that_no_graph_passes_keeps_every_node_in_fp32(tmp_path, tiny_bundle):
+    from export.optimize import to_int8
+
+    report = to_int8(tiny_bundle / "encoder.onnx", tmp_path / "q.onnx", lambda p: False, fake_cost)
+    assert len(report.kept_fp32) == 8 and quantised_nodes(tmp_path / "q.onnx") == []
 
 
 def test_gate_rejects_an_unfused_graph(tmp_path, tiny_model):

@@ -1,0 +1,69 @@
+"""The int8 gate's measures: retrieval, similarity ranking, and the real-text pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from export import quality
+
+
+def unit(rows) -> np.ndarray:
+    return np.asarray(rows, dtype=np.float32)
+
+
+def test_pairs_are_real_fixed_and_split_without_overlap():
+    gate, holdout = quality.docstring_pairs("gate"), quality.docstring_pairs("holdout")
+    assert len(gate) > 500 and len(holdout) > 500
+    assert not set(gate.queries) & set(holdout.queries)
+    assert quality.docstring_pairs("gate", limit=50).queries == gate.queries[:50]
+    assert quality.docstring_pairs("gate").fingerprint == gate.fingerprint
+    assert all(len(d.split()) >= 10 for d in gate.documents)
+
+
+def test_retrieval_counts_the_rank_of_each_querys_own_document():
+    docs = unit([[1, 0], [0, 1], [1, 1]])
+    # query 0 finds doc 0 first; query 1 finds doc 2 first and its own second; query 2 its own.
+    queries = unit([[1, 0.1], [0.5, 1], [1, 1]])
+    r1, r10, mrr = quality.retrieval(queries, docs)
+    assert r1 == pytest.approx(200 / 3) and r10 == 100
+    assert mrr == pytest.approx((1 + 0.5 + 1) / 3 * 100)
+
+
+def test_spearman_is_one_for_the_same_order_and_minus_one_reversed():
+    a = np.array([0.1, 0.5, 0.3, 0.9])
+    assert quality.spearman(a, a * 2 + 1) == pytest.approx(1.0)
+    assert quality.spearman(a, -a) == pytest.approx(-1.0)
+
+
+def test_measure_and_gate_hold_recall_at_10_and_mrr_to_the_tolerance():
+    rng = np.random.default_rng(0)
+    q, d = rng.standard_normal((40, 16)), rng.standard_normal((40, 16))
+    same = quality.measure((q, d), (q.copy(), d.copy()))
+    assert same.max_drop == 0 and same.spearman == pytest.approx(1.0)
+    assert same.min_cosine == pytest.approx(1.0) and quality.within(same, 0.5, 0.99)
+    noisy = quality.measure((q, d), (q + rng.standard_normal(q.shape), d))
+    assert noisy.max_drop > 0.5 and not quality.within(noisy, 0.5, 0.99)
+    assert quality.within(noisy, 100, -1)
+
+
+def test_embed_runs_length_sorted_batches_and_returns_rows_in_input_order(model_dir):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    texts = ["a much longer text than the others, with many words", "short", "mid length"]
+    shapes = []
+
+    def run(feeds):
+        shapes.append(feeds["input_ids"].shape)
+        return feeds["attention_mask"].sum(axis=1, keepdims=True).astype(np.float32)
+
+    out = quality.embed(run, tok, texts, ["input_ids", "attention_mask"], batch_size=2)
+    assert [int(x) for x in out[:, 0]] == [len(tok.encode(t).ids) for t in texts]
+    assert shapes[0][1] <= shapes[1][1]  # shortest first
+
+
+def test_missing_stdlib_sources_fail_the_export_with_a_reason(monkeypatch):
+    monkeypatch.setattr(quality, "_docstring_pairs", lambda stdlib: {})
+    with pytest.raises(ValueError, match="--int8-pairs 0"):
+        quality.docstring_pairs("gate")

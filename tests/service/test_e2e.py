@@ -116,7 +116,10 @@ async def wait_until_in_flight(client: httpx.AsyncClient, n: int, timeout_s: flo
 
 
 def test_sigterm_finishes_in_flight_requests_and_exits_zero(default_bundle, tmp_path):
-    with serve(default_bundle, tmp_path) as server:
+    # The drain is under test, not deadlines: on a loaded machine 192 long texts can take more
+    # than the default 30 s, and a deadline 503 would read as a lost request.
+    env = {"HEADWISE_REQUEST_TIMEOUT_S": "120", "HEADWISE_DRAIN_TIMEOUT_S": "120"}
+    with serve(default_bundle, tmp_path, env=env) as server:
 
         async def flood():
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
@@ -133,7 +136,7 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero(default_bundle, tmp_
 
         t0 = time.monotonic()
         results, late = asyncio.run(flood())
-        code = server.process.wait(60)
+        code = server.process.wait(150)
         elapsed = time.monotonic() - t0
     statuses = [
         r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in results
@@ -141,5 +144,5 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero(default_bundle, tmp_
     assert code == 0, server.output()
     assert late in ("refused", 503)
     assert statuses.count(200) == len(results), statuses
-    assert elapsed < 60
+    assert elapsed < 150  # within the drain timeout: the process did not hang
     assert "all accepted requests answered" in server.output()

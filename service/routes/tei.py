@@ -28,7 +28,7 @@ from service.tei_schemas import (
 M = TypeVar("M", bound=BaseModel)
 
 
-def tei_dialect(request: Request) -> None:
+async def tei_dialect(request: Request) -> None:
     """Errors raised while handling this request are rendered in TEI's shape."""
     request.state.dialect = "tei"
 

@@ -64,6 +64,7 @@ def batch_policy(s: Settings) -> BatchPolicy:
         max_padding_ratio=s.max_padding_ratio,
         max_queue=s.max_queue_texts,
         padding_slack=s.padding_slack_tokens,
+        assumed_tokens_per_s=s.capacity_tokens_per_s,
     )
 
 

@@ -130,6 +130,7 @@ class EmbedPipeline:
             sequences, truncated, tokenization_s = await self.sequences(
                 inputs, truncate, direction
             )
+            self.batcher.admit(sequences, self.settings.request_timeout_s)
             items = self.batcher.submit(sequences, self.settings.request_timeout_s)
         finally:
             self.batcher.arriving -= 1
@@ -183,6 +184,7 @@ class EmbedPipeline:
         if prefix:
             inputs = [prefix + t if isinstance(t, str) else t for t in inputs]
         sequences, _, _ = await self.sequences(inputs, truncate, direction)
+        self.token_batcher.admit(sequences, self.settings.request_timeout_s)
         items = self.token_batcher.submit(sequences, self.settings.request_timeout_s)
         rows = await wait_all(
             [it.future for it in items], self.settings.request_timeout_s, disconnected

@@ -16,6 +16,9 @@ import orjson
 from tokenizers import Encoding
 
 from service import attention as analysis
+from service.attention_encoding import Encoding as MapEncoding
+from service.attention_encoding import encode_maps
+from service.attention_limits import Budget, Pacer
 from service.batcher import BatchPolicy, DynamicBatcher
 from service.errors import InvalidInput, PayloadTooLarge
 from service.heatmap import encode_png, grid_image
@@ -57,6 +60,7 @@ class Query:
     heads: list[int]
     truncate: bool
     format: Literal["json", "png"]
+    encoding: MapEncoding = "float"
 
 
 class AttentionPipeline:
@@ -65,9 +69,14 @@ class AttentionPipeline:
         self.backend = backend
         self.settings = settings
         self.manifest = backend.manifest
+        gauge = metrics.attention_inflight.labels(name)
+        gauge.set(0)
+        self.budget = Budget(settings.attention_budget_numbers, gauge.set)
+        self.pacer = Pacer(settings.attention_cpu_share)
+        # One call at a time (the pacer): a batch of one, its memory that of one text.
         policy = BatchPolicy(
-            max_batch_tokens=settings.attention_max_tokens * 4,
-            max_batch_size=4,
+            max_batch_tokens=settings.attention_max_tokens,
+            max_batch_size=1,
             max_wait_s=0.0,
             max_padding_ratio=1.0,
             max_queue=settings.attention_queue,
@@ -91,6 +100,7 @@ class AttentionPipeline:
         heads: list[int] | None,
         truncate: bool,
         format: Literal["json", "png"],
+        encoding: MapEncoding = "float",
     ) -> Query:
         """Validate what needs no tokenizer."""
         if len(text) > self.settings.max_input_chars:
@@ -103,6 +113,7 @@ class AttentionPipeline:
             select("heads", heads, self.manifest.num_heads),
             truncate,
             format,
+            encoding,
         )
 
     async def run(self, q: Query, disconnected: asyncio.Future | None = None) -> Rendered:
@@ -127,15 +138,21 @@ class AttentionPipeline:
                 f"the limit is {s.attention_max_numbers}: select fewer layers or heads, or a "
                 "shorter input"
             )
-        items = self.batcher.submit([ids], s.request_timeout_s)
-        ((primary, maps),) = await wait_all(
-            [it.future for it in items], s.request_timeout_s, disconnected
-        )
-        timings = Timings(tokenization_s, items[0].queue_s, items[0].inference_s)
-        loop = asyncio.get_running_loop()
-        body, media_type = await loop.run_in_executor(
-            None, self._render, q, enc, ids, truncated, primary, maps
-        )
+        # What the graph computes for this text, whatever is selected: all layers and heads.
+        computed = self.manifest.num_layers * self.manifest.num_heads * n * n
+        async with (
+            self.budget.hold(computed, retry_after=self.pacer.wait_s + 1),
+            self.pacer.turn(),
+        ):
+            items = self.batcher.submit([ids], s.request_timeout_s)
+            ((primary, maps),) = await wait_all(
+                [it.future for it in items], s.request_timeout_s, disconnected
+            )
+            timings = Timings(tokenization_s, items[0].queue_s, items[0].inference_s)
+            loop = asyncio.get_running_loop()
+            body, media_type = await loop.run_in_executor(
+                None, self._render, q, enc, ids, truncated, primary, maps
+            )
         return Rendered(body, media_type, timings)
 
     def _render(
@@ -172,7 +189,7 @@ class AttentionPipeline:
             "truncated": truncated,
             "layers": q.layers,
             "heads": q.heads,
-            "attentions": selected,
+            "attentions": encode_maps(selected, q.encoding),
             "stats": stats_rows,
             "importance": {
                 "cls_last_layer": analysis.cls_importance(maps, anchor),

@@ -21,7 +21,9 @@ async def attention(
     gone: ClientGone,
 ) -> Response:
     pipe = use_model(request, core, body.model, "attention").attention
-    query = pipe.query(body.input, body.layers, body.heads, body.truncate, body.format)
+    query = pipe.query(
+        body.input, body.layers, body.heads, body.truncate, body.format, body.encoding_format
+    )
     out = await pipe.run(query, gone)
     request.state.timing_headers = out.timings.headers()
     return Response(out.body, media_type=out.media_type)

@@ -75,12 +75,12 @@ def test_stats_and_importance_are_consistent_with_the_maps(client):
     assert sum(body["importance"]["rollout"]) == pytest.approx(1.0, abs=1e-6)
 
 
-def test_padding_never_leaks_into_a_shared_batch(tiny_bundle):
-    """Inputs of different lengths batched together give the same maps as each alone."""
+def test_concurrent_calls_run_one_at_a_time_and_give_the_maps_of_each_alone(tiny_bundle):
+    """Calls of different lengths at once: each runs alone (the pacer), never padded by another."""
     short, long_ = "short", "a much longer input with many more tokens than the other one"
 
     async def main():
-        app = create_app(Settings(bundle=tiny_bundle))
+        app = create_app(Settings(bundle=tiny_bundle, attention_cpu_share=1.0))
         async with app.router.lifespan_context(app):
             await app.state.core.wait_ready()
             transport = httpx.ASGITransport(app=app)
@@ -93,7 +93,7 @@ def test_padding_never_leaks_into_a_shared_batch(tiny_bundle):
             return alone, [r.json() for r in together], batcher.batches
 
     alone, together, batches = asyncio.run(main())
-    assert batches < 5  # some were batched with a longer input
+    assert batches == 5  # one batch a call
     for body in together[1::2]:
         np.testing.assert_allclose(
             np.array(body["attentions"]), np.array(alone["attentions"]), atol=1e-6
@@ -173,3 +173,42 @@ def test_real_model_maps_equal_eager_references(default_bundle, default_loaded, 
                 out = hf(torch.tensor([body["token_ids"]]), output_attentions=True)
             theirs = torch.stack(out.attentions)[:, 0].numpy()
             np.testing.assert_allclose(maps, theirs, atol=1e-4)
+
+
+@pytest.mark.parametrize("encoding, atol", [("base64_f32", 0.0), ("base64_f16", 1e-3)])
+def test_compact_maps_carry_the_json_arrays_with_their_shape(client, encoding, atol):
+    from service.attention_encoding import decode_maps
+
+    body = {"input": TEXT, "layers": [0, 1], "heads": [1]}
+    arrays = np.array(client.post("/attention", json=body).json()["attentions"])
+    compact = client.post("/attention", json={**body, "encoding_format": encoding}).json()
+    maps = compact["attentions"]
+    assert maps["encoding"] == "base64" and maps["shape"] == list(arrays.shape)
+    np.testing.assert_allclose(decode_maps(maps).astype(np.float32), arrays, atol=atol)
+    assert compact["stats"] == client.post("/attention", json=body).json()["stats"]
+
+
+def test_the_sum_of_calls_in_flight_is_bounded_429_with_retry_after(tiny_bundle):
+    """A call that would take the budget past its limit is refused at once; the budget
+    returns to zero when calls finish."""
+    with client_for(tiny_bundle, attention_budget_numbers=10) as c:
+        r = c.post("/attention", json={"input": TEXT})
+        assert r.status_code == 429 and r.headers["retry-after"]
+        assert "HEADWISE_ATTENTION_BUDGET_NUMBERS" in r.json()["error"]["message"]
+        pipe = c.app.state.core.models["tiny-random"].attention
+        assert pipe.budget.used == 0
+    with client_for(tiny_bundle, attention_cpu_share=1.0) as c:
+        assert c.post("/attention", json={"input": TEXT}).status_code == 200
+        assert c.app.state.core.models["tiny-random"].attention.budget.used == 0
+        assert "headwise_attention_inflight_numbers{" in c.get("/metrics").text
+
+
+def test_head_stats_layer_by_layer_equal_the_whole_array_at_once():
+    rng = np.random.default_rng(0)
+    maps = rng.random((3, 2, 5, 5))
+    maps /= maps.sum(-1, keepdims=True)
+    stats = analysis.head_stats(maps, 0, 4)
+    p = maps.astype(np.float64)
+    np.testing.assert_allclose(stats["entropy"], -(p * np.log(p)).sum(-1).mean(-1))
+    np.testing.assert_allclose(stats["cls_mass"], p[..., 0].mean(-1))
+    assert all(v.shape == (3, 2) for v in stats.values())

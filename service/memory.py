@@ -51,6 +51,10 @@ def request_bytes(max_body_bytes: int) -> int:
     return 3 * max_body_bytes
 
 
+# Requests whose bodies are near max_body_bytes, in flight at once, that the bound allows for.
+LARGE_REQUESTS = 8
+
+
 def memory_budget(
     warm_bytes: int,
     graphs: list[tuple[int, int, int, int]],

@@ -243,3 +243,18 @@ def test_body_over_the_limit_is_413(tiny_bundle):
             headers={"content-type": "application/json"},
         )
         assert r.status_code == 413 and "2048" in r.json()["error"]["message"]
+
+
+def test_info_states_the_memory_bound_and_metrics_carry_rss_and_its_peak(client):
+    info = client.get("/info").json()
+    mem = info["memory"]
+    assert mem["config"] == "shrink"
+    parts = ("warm_bytes", "encode_batches_bytes", "attention_bytes", "requests_bytes")
+    assert mem["bound_bytes"] == sum(mem[k] for k in parts) and mem["warm_bytes"] > 0
+    text = client.get("/metrics").text
+    for family in (
+        "process_resident_memory_bytes",
+        "headwise_process_resident_memory_peak_bytes",
+        "headwise_memory_bound_bytes",
+    ):
+        assert f"\n{family} " in text

@@ -9,7 +9,7 @@ SETUP_STAMP := $(VENV)/.setup-done
 TEST_STAMP  := $(VENV)/.test-deps-done
 SOURCES := $(wildcard models/*.py export/*.py)
 
-.PHONY: setup serve test bundle lint bench system-deps clean
+.PHONY: setup serve test bundle lint bench soak system-deps clean
 
 setup: $(SETUP_STAMP)
 
@@ -58,3 +58,10 @@ bench: $(TEST_STAMP) $(BENCH_BUNDLE)/manifest.json
 
 clean:
 	rm -rf $(VENV) bundles .pytest_cache
+
+# A soak you can rerun (not part of `make test`): mixed traffic for SOAK_SECONDS (default 600),
+# RSS over time, latency per endpoint with and without /attention load; JSON, markdown, PNG.
+SOAK_SECONDS ?= 600
+soak: $(TEST_STAMP) bundle
+	$(BIN)/python -m pip install -q -e '.[cpu,bench]'
+	SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/python -m bench.soak --bundle $(BUNDLE)

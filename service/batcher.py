@@ -126,6 +126,7 @@ class DynamicBatcher:
         self._prune_scheduled = False
         self.arriving = 0  # requests being tokenised: a batch may wait for them
         self.batches = 0
+        self.submitted = 0  # texts ever queued
         self.throughput = Throughput(policy.assumed_tokens_per_s)
 
     @property
@@ -136,11 +137,12 @@ class DynamicBatcher:
     def queued_tokens(self) -> int:
         return sum(it.length for it in self._queue)
 
-    def admit(self, sequences: Sequence[Sequence[int]], timeout_s: float) -> None:
-        """Refuse (413/429) what cannot finish within timeout_s at the measured throughput."""
+    def admit(self, lengths: Sequence[int], timeout_s: float) -> None:
+        """Refuse (413/429) texts of these token counts that cannot finish within timeout_s
+        at the measured throughput."""
         try:
             admit(
-                [len(s) for s in sequences],
+                lengths,
                 self.queued_tokens,
                 self.throughput,
                 timeout_s,
@@ -186,6 +188,7 @@ class DynamicBatcher:
         for it in items:
             it.future.add_done_callback(self._on_done)
         self._queue.extend(items)
+        self.submitted += len(items)
         self._report_depth()
         self._wakeup.set()
         return items

@@ -241,6 +241,12 @@ class Core:
             LARGE_REQUESTS,
         )
 
+    def activity(self) -> int:
+        """Changes whenever a text is queued, a batch taken or a request answered (the heap
+        trimmer's idle test)."""
+        work = sum(b.batches + b.submitted for m in self for b in m.batchers)
+        return work + self.metrics.finished
+
     def require_ready(self) -> None:
         if not self.ready:
             raise Unavailable("models are loading", retry_after=2)

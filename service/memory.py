@@ -79,3 +79,24 @@ def memory_budget(
         "concurrent_requests": concurrent_requests,
         "bound_bytes": warm_bytes + encode + attention + requests,
     }
+
+
+def _libc_trim():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+_MALLOC_TRIM = _libc_trim()
+
+
+def trim() -> bool:
+    """Hand freed heap memory back to the kernel (glibc keeps it in its arenas otherwise: freed
+    blocks under its mmap threshold, which grows to 32 MB, stay resident). False if not glibc."""
+    if _MALLOC_TRIM is None:
+        return False
+    _MALLOC_TRIM(0)
+    return True

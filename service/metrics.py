@@ -101,6 +101,7 @@ class Metrics:
             registry=r,
         )
         self.inflight = Gauge("headwise_inflight_requests", "Requests being handled", registry=r)
+        self.finished = 0  # requests answered (a plain count: the heap trimmer's idle test)
         self.info = Gauge(
             "headwise_model_info",
             "The served model and where it runs (value 1)",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from importlib import resources
 
 from fastapi import APIRouter, Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, Response, StreamingResponse
 
 from service.deps import ClientGone, ReadyCore, use_model
 from service.schemas import AttentionRequest
@@ -26,7 +27,22 @@ async def attention(
     )
     out = await pipe.run(query, gone)
     request.state.timing_headers = out.timings.headers()
-    return Response(out.body, media_type=out.media_type)
+    if len(out.body) <= CHUNK:
+        return Response(out.body, media_type=out.media_type)
+    # Tens of MB written at once would hold the event loop while the server copies them into
+    # its send buffer: in pieces, each waits for the socket (health checks go in between).
+    return StreamingResponse(
+        _pieces(out.body), media_type=out.media_type, headers={"content-length": str(len(out.body))}
+    )
+
+
+CHUNK = 1 << 20
+
+
+async def _pieces(body: bytes) -> AsyncIterator[bytes]:
+    view = memoryview(body)
+    for i in range(0, len(view), CHUNK):
+        yield bytes(view[i : i + CHUNK])
 
 
 @router.get("/attention/view", summary="A page to look at the maps", response_class=HTMLResponse)

@@ -42,10 +42,10 @@ def test_the_batcher_admits_against_its_own_queue():
         rec = Recorder()
         b = await started(rec, assumed_tokens_per_s=100)
         await held(rec, b)
-        b.admit(seqs(40), 1.0)
+        b.admit([40], 1.0)
         b.submit(seqs(40, 40), 5)  # 80 tokens ahead
         with pytest.raises(Overloaded):
-            b.admit(seqs(30), 1.0)
+            b.admit([30], 1.0)
         rec.gate.set()
         await b.stop()
 

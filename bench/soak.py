@@ -111,25 +111,36 @@ async def phase(url, rec, name, seconds, attention: int, seed: int) -> None:
     await asyncio.gather(*tasks)
 
 
-async def one_offs(url: str) -> dict:
+async def encode_2048(url: str) -> dict:
     rng = random.Random(7)
-    out: dict = {}
     conn = await Conn.open(url)
     try:
         body = {"inputs": [text_of(rng, 200) for _ in range(2048)]}
-        status, size, seconds = await conn.post("/encode", body, keep=True)
-        out["encode_2048x200"] = {"status": status, "seconds": seconds,
-                                  "message": conn.last_body[:400].decode(errors="replace")}
-        text = text_of(rng, 300)
+        status, _, seconds = await conn.post("/encode", body, keep=True)
+        message = conn.last_body[:400].decode(errors="replace")
+        return {"status": status, "seconds": seconds, "message": message}
+    finally:
+        conn.close()
+
+
+async def attention_sizes(bundle: Path) -> dict:
+    """One full-size /attention answer as JSON and compact: bytes and time, on a server of its
+    own with no CPU share (the soak server's pacing would be measured instead)."""
+    proc, url = launch(bundle, {"HEADWISE_ATTENTION_CPU_SHARE": "1"})
+    out = {}
+    conn = await Conn.open(url)
+    try:
+        text = text_of(random.Random(7), 300)
         for encoding in ("float", "base64_f16", "base64_f32"):
             body = {"input": text, "truncate": True, "encoding_format": encoding}
             runs = []
             for _ in range(3):
                 status, size, seconds = await conn.post("/attention", body)
                 runs.append(seconds)
-            out[f"attention_{encoding}"] = {"status": status, "bytes": size, "seconds": min(runs)}
+            out[encoding] = {"status": status, "bytes": size, "seconds": min(runs)}
     finally:
         conn.close()
+        stop(proc)
     return out
 
 
@@ -185,8 +196,8 @@ async def soak(args) -> dict:
         log.info("phase B: the same with two /attention loops (%.0f s) …", half)
         await phase(url, rec, "attention", half, 2, 1)
         marks["one_offs"] = time.monotonic() - t0
-        log.info("2048 x 200 tokens, and /attention JSON vs compact …")
-        results["one_offs"] = await one_offs(url)
+        log.info("2048 x 200 tokens …")
+        results["encode_2048x200"] = await encode_2048(url)
         left = time.monotonic()
         depth_zero_s = None
         while time.monotonic() - left < 5:
@@ -203,6 +214,8 @@ async def soak(args) -> dict:
         stop_at.set()
         await sampling
         stop(proc)
+    log.info("/attention JSON vs compact …")
+    results["attention_sizes"] = await attention_sizes(args.bundle)
     results["rss_start_mb"] = samples[0][1]
     results["rss_peak_mb"] = max(s[2] for s in samples)
     results["marks"] = marks

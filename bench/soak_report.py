@@ -17,8 +17,7 @@ def render(r: dict) -> str:
     health_b = b.get("/health", {}).get("p99_ms")
     warm, idle, peak = r["rss_warm_mb"], r["rss_after_idle_mb"], r["rss_peak_mb"]
     bound = r["memory_bound_mb"]
-    oo = r["one_offs"]
-    big = oo["encode_2048x200"]
+    big = r["encode_2048x200"]
     fives = {
         ep: {s: n for s, n in st.items() if s.startswith("5")} for ep, st in r["statuses"].items()
     }
@@ -44,11 +43,11 @@ def render(r: dict) -> str:
         "",
         f"2,048 x 200 answer: `{big['message'][:300]}`",
         "",
-        "| /attention answer | status | bytes | seconds (best of 3) |",
+        "| /attention answer, 256 tokens, all layers and heads | status | bytes | seconds (best of 3) |",
         "| --- | ---: | ---: | ---: |",
     ]
     for enc in ("float", "base64_f16", "base64_f32"):
-        x = oo[f"attention_{enc}"]
+        x = r["attention_sizes"][enc]
         lines.append(f"| {enc} | {x['status']} | {x['bytes']:,} | {x['seconds']:.3f} |")
     lines += ["", "| phase | endpoint | requests | ok | texts/s | p50 ms | p95 ms | p99 ms |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import orjson
 from tokenizers import Encoding
 
 from service import attention as analysis
 from service.attention_encoding import Encoding as MapEncoding
-from service.attention_encoding import encode_maps
+from service.attention_encoding import encode_maps, with_maps
 from service.attention_limits import Budget, Pacer
 from service.batcher import BatchPolicy, DynamicBatcher
 from service.errors import InvalidInput, PayloadTooLarge
@@ -31,7 +30,7 @@ from service.tensors import Batch, l2_normalize
 
 @dataclass
 class Rendered:
-    body: bytes
+    body: list[bytes]  # pieces of at most about a MB, to be sent one after another
     media_type: str
     timings: Timings
 
@@ -163,12 +162,12 @@ class AttentionPipeline:
         truncated: bool,
         primary: np.ndarray,
         maps: np.ndarray,
-    ) -> tuple[bytes, str]:
+    ) -> tuple[list[bytes], str]:
         n = len(ids)
         maps = maps[:, :, :n, :n]  # (L, h, n, n): drop padding rows/cols of a shared batch
         selected = maps[np.ix_(q.layers, q.heads)]
         if q.format == "png":
-            return encode_png(grid_image(selected)), "image/png"
+            return [encode_png(grid_image(selected))], "image/png"
         special = self.manifest.special_tokens
         cls_index = _index_of(ids, special.cls)
         sep_index = _index_of(ids, special.sep, last=True)
@@ -189,7 +188,6 @@ class AttentionPipeline:
             "truncated": truncated,
             "layers": q.layers,
             "heads": q.heads,
-            "attentions": encode_maps(selected, q.encoding),
             "stats": stats_rows,
             "importance": {
                 "cls_last_layer": analysis.cls_importance(maps, anchor),
@@ -198,4 +196,4 @@ class AttentionPipeline:
         }
         if self.manifest.task == "embed":
             payload["embedding"] = l2_normalize(primary[None, :].astype(np.float32))[0]
-        return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), "application/json"
+        return with_maps(payload, "attentions", encode_maps(selected, q.encoding)), "application/json"

@@ -27,22 +27,19 @@ async def attention(
     )
     out = await pipe.run(query, gone)
     request.state.timing_headers = out.timings.headers()
-    if len(out.body) <= CHUNK:
-        return Response(out.body, media_type=out.media_type)
-    # Tens of MB written at once would hold the event loop while the server copies them into
-    # its send buffer: in pieces, each waits for the socket (health checks go in between).
+    size = sum(map(len, out.body))
+    if size <= 1 << 20:
+        return Response(b"".join(out.body), media_type=out.media_type)
+    # Tens of MB written at once would hold the event loop while they are copied: in pieces,
+    # each waits for the socket, and health checks are answered in between.
     return StreamingResponse(
-        _pieces(out.body), media_type=out.media_type, headers={"content-length": str(len(out.body))}
+        _pieces(out.body), media_type=out.media_type, headers={"content-length": str(size)}
     )
 
 
-CHUNK = 1 << 20
-
-
-async def _pieces(body: bytes) -> AsyncIterator[bytes]:
-    view = memoryview(body)
-    for i in range(0, len(view), CHUNK):
-        yield bytes(view[i : i + CHUNK])
+async def _pieces(body: list[bytes]) -> AsyncIterator[bytes]:
+    for piece in body:
+        yield piece
 
 
 @router.get("/attention/view", summary="A page to look at the maps", response_class=HTMLResponse)

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from service.errors import Overloaded
+from service.errors import Overloaded, PayloadTooLarge
 
 
 class Budget:
@@ -25,6 +25,12 @@ class Budget:
 
     @asynccontextmanager
     async def hold(self, numbers: int, retry_after: float) -> AsyncIterator[None]:
+        if numbers > self.limit:  # would never fit: waiting cannot help
+            raise PayloadTooLarge(
+                f"this /attention call computes {numbers} numbers, more than the "
+                f"{self.limit} all calls may hold together (HEADWISE_ATTENTION_BUDGET_NUMBERS): "
+                "send a shorter input"
+            )
         if self.used + numbers > self.limit:
             raise Overloaded(
                 f"/attention calls in flight hold {self.used} of {self.limit} numbers "

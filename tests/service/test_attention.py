@@ -188,15 +188,33 @@ def test_compact_maps_carry_the_json_arrays_with_their_shape(client, encoding, a
     assert compact["stats"] == client.post("/attention", json=body).json()["stats"]
 
 
-def test_the_sum_of_calls_in_flight_is_bounded_429_with_retry_after(tiny_bundle):
-    """A call that would take the budget past its limit is refused at once; the budget
-    returns to zero when calls finish."""
+def test_the_sum_of_calls_in_flight_is_bounded_429_with_retry_after():
+    """A call that would take the budget past its limit is refused at once (429), one that
+    could never fit is 413; the budget returns to zero when calls finish."""
+    from service.attention_limits import Budget
+    from service.errors import Overloaded, PayloadTooLarge
+
+    async def main():
+        budget = Budget(10)
+        async with budget.hold(6, retry_after=1):
+            with pytest.raises(Overloaded) as err:
+                async with budget.hold(6, retry_after=3):
+                    pass
+            assert err.value.retry_after == 3
+            assert "HEADWISE_ATTENTION_BUDGET_NUMBERS" in err.value.message
+        with pytest.raises(PayloadTooLarge):
+            async with budget.hold(11, retry_after=1):
+                pass
+        return budget.used
+
+    assert asyncio.run(main()) == 0
+
+
+def test_a_call_over_the_whole_budget_is_413_and_a_normal_one_leaves_it_empty(tiny_bundle):
     with client_for(tiny_bundle, attention_budget_numbers=10) as c:
         r = c.post("/attention", json={"input": TEXT})
-        assert r.status_code == 429 and r.headers["retry-after"]
+        assert r.status_code == 413
         assert "HEADWISE_ATTENTION_BUDGET_NUMBERS" in r.json()["error"]["message"]
-        pipe = c.app.state.core.models["tiny-random"].attention
-        assert pipe.budget.used == 0
     with client_for(tiny_bundle, attention_cpu_share=1.0) as c:
         assert c.post("/attention", json={"input": TEXT}).status_code == 200
         assert c.app.state.core.models["tiny-random"].attention.budget.used == 0

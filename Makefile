@@ -10,7 +10,7 @@ TEST_STAMP  := $(VENV)/.test-deps-done
 BENCH_STAMP := $(VENV)/.bench-deps-done
 SOURCES := $(wildcard models/*.py export/*.py)
 
-.PHONY: setup serve test bundle lint bench gpu-check gpu-check-dry system-deps clean \
+.PHONY: setup serve test bundle lint bench soak gpu-check gpu-check-dry system-deps clean \
 	image-deps image-test image-test-export image-test-gpu compose-test image-clean
 
 setup: $(SETUP_STAMP)
@@ -122,3 +122,9 @@ image-clean:
 		localhost/headwise:export localhost/headwise:cpu localhost/headwise:gpu \
 		localhost/headwise-prometheus:bookworm localhost/headwise-base:bookworm
 	CONTAINERS_CONF=$(CURDIR)/docker/podman/containers.conf podman image prune --all --force
+
+# A soak you can rerun (not part of `make test`): mixed traffic for SOAK_SECONDS (default 600),
+# RSS over time, latency per endpoint with and without /attention load; JSON, markdown, PNG.
+SOAK_SECONDS ?= 600
+soak: $(BENCH_STAMP) bundle
+	SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/python -m bench.soak --bundle $(BUNDLE)

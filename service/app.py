@@ -18,6 +18,7 @@ from service.middleware import HeadwiseMiddleware
 from service.routes import attention, embeddings, meta, rerank, tei
 from service.runtime import Backend, OnnxBackend
 from service.settings import Settings
+from service.trimmer import Trimmer
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ).set(1)
     core.start()
     warm = asyncio.create_task(core.warm(settings.warmup))
+    trimmer = asyncio.create_task(Trimmer(core.activity).run())
     try:
         yield
     finally:
+        trimmer.cancel()
         warm.cancel()
         await core.stop()
         log.info("stopped; all accepted requests answered")

@@ -11,13 +11,24 @@ import numpy as np
 def head_stats(
     maps: np.ndarray, cls_index: int | None, sep_index: int | None
 ) -> dict[str, np.ndarray]:
-    """Per (layer, head), averaged over query rows; maps (L, h, n, n) -> each stat (L, h)."""
+    """Per (layer, head), averaged over query rows; maps (L, h, n, n) -> each stat (L, h).
+
+    One layer at a time: float64 temporaries of a whole 256-token map set are hundreds of MB.
+    """
+    per_layer = [_layer_stats(layer, cls_index, sep_index) for layer in maps]
+    return {k: np.stack([s[k] for s in per_layer]) for k in per_layer[0]}
+
+
+def _layer_stats(
+    maps: np.ndarray, cls_index: int | None, sep_index: int | None
+) -> dict[str, np.ndarray]:
+    """maps (h, n, n) -> each stat (h,)."""
     n = maps.shape[-1]
     p = maps.astype(np.float64)
     entropy = -(p * np.log(np.clip(p, 1e-12, None))).sum(-1).mean(-1)
     positions = np.arange(n)
     distance = np.abs(positions[:, None] - positions[None, :])  # (n, n), |q - k|
-    zeros = np.zeros(p.shape[:2])
+    zeros = np.zeros(p.shape[:1])
     return {
         "entropy": entropy,
         "max_weight": p.max(-1).mean(-1),

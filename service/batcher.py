@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from service.admission import Throughput, admit
 from service.errors import InferenceFailed, Overloaded, Unavailable
 from service.tensors import Batch
 
@@ -34,6 +35,7 @@ class BatchObserver(Protocol):
     def batch(self, size: int, padded: int, real: int, seconds: float) -> None: ...
     def queue_depth(self, texts: int) -> None: ...
     def rejected(self, reason: str) -> None: ...
+    def capacity(self, tokens_per_s: float) -> None: ...
 
 
 @dataclass(eq=False)
@@ -64,6 +66,7 @@ class BatchPolicy:
     padding_slack: int = 8  # a few padding tokens are cheaper than a separate run
     max_queue: int = 4096
     window: int = 8  # look at this many batches' worth of the oldest texts when grouping
+    assumed_tokens_per_s: float = 2000.0  # until batches are measured (admission)
 
 
 def select_batch(queue: Sequence[Item], policy: BatchPolicy) -> list[Item]:
@@ -123,10 +126,36 @@ class DynamicBatcher:
         self._prune_scheduled = False
         self.arriving = 0  # requests being tokenised: a batch may wait for them
         self.batches = 0
+        self.submitted = 0  # texts ever queued
+        self.throughput = Throughput(policy.assumed_tokens_per_s)
 
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(it.length for it in self._queue)
+
+    def admit(self, lengths: Sequence[int], timeout_s: float) -> None:
+        """Refuse (413/429) texts of these token counts that cannot finish within timeout_s
+        at the measured throughput."""
+        try:
+            admit(
+                lengths,
+                self.queued_tokens,
+                self.throughput,
+                timeout_s,
+                self.policy.max_padding_ratio,
+            )
+        except Overloaded:
+            if self._observer:
+                self._observer.rejected("queue_too_long")
+            raise
+        except Exception:
+            if self._observer:
+                self._observer.rejected("over_capacity")
+            raise
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -159,6 +188,7 @@ class DynamicBatcher:
         for it in items:
             it.future.add_done_callback(self._on_done)
         self._queue.extend(items)
+        self.submitted += len(items)
         self._report_depth()
         self._wakeup.set()
         return items
@@ -268,9 +298,11 @@ class DynamicBatcher:
                     it.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
             return
         self.batches += 1
+        self.throughput.observe(padded.input_ids.size, seconds)
         if self._observer:
             real = sum(it.length for it in batch)
             self._observer.batch(len(batch), padded.input_ids.size, real, seconds)
+            self._observer.capacity(self.throughput.tokens_per_s)
         for it, row in zip(batch, out, strict=True):
             it.inference_s = seconds
             if not it.future.done():

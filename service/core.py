@@ -17,6 +17,7 @@ from typing import Literal
 
 from service.batcher import BatchPolicy, DynamicBatcher
 from service.errors import ModelNotFound, Unavailable, WrongTask
+from service.memory import LARGE_REQUESTS, memory_budget, rss_bytes
 from service.metrics import Metrics
 from service.pipelines.attention import AttentionPipeline
 from service.pipelines.embed import EmbedPipeline
@@ -65,6 +66,7 @@ def batch_policy(s: Settings) -> BatchPolicy:
         max_padding_ratio=s.max_padding_ratio,
         max_queue=s.max_queue_texts,
         padding_slack=s.padding_slack_tokens,
+        assumed_tokens_per_s=s.capacity_tokens_per_s,
     )
 
 
@@ -92,6 +94,12 @@ class Model:
         if self.attention is not None:
             caps.add("attention")
         return caps
+
+    @property
+    def serving_batchers(self) -> list[DynamicBatcher]:
+        """Those that run the serving graph (each may hold its largest batch at once)."""
+        attention = self.attention.batcher if self.attention else None
+        return [b for b in self.batchers if b is not attention]
 
     def routes(self) -> str:
         return ", ".join(ROUTES[c] for c in sorted(self.capabilities) if c != "tokenize")
@@ -168,6 +176,7 @@ class Core:
         self.metrics = metrics
         self.ready = False
         self.load_error: str | None = None
+        self.warm_rss = 0  # resident bytes once loaded and warm: the memory bound's base
         self._ready_event = asyncio.Event()
 
     @classmethod
@@ -225,6 +234,34 @@ class Core:
             "tokenize": "any model",
         }[capability]
 
+    def memory(self) -> dict[str, int]:
+        """The documented peak for these settings and models (README: Memory)."""
+        s = self.settings
+        graphs = [
+            (
+                len(m.serving_batchers),
+                m.backend.manifest.max_length,
+                m.backend.manifest.d_model,
+                m.backend.manifest.num_heads,
+            )
+            for m in self
+        ]
+        return memory_budget(
+            self.warm_rss or rss_bytes(),
+            graphs,
+            s.max_batch_tokens,
+            s.attention_budget_numbers,
+            sum(m.attention is not None for m in self),
+            s.max_body_bytes,
+            LARGE_REQUESTS,
+        )
+
+    def activity(self) -> int:
+        """Changes whenever a text is queued, a batch taken or a request answered (the heap
+        trimmer's idle test)."""
+        work = sum(b.batches + b.submitted for m in self for b in m.batchers)
+        return work + self.metrics.finished
+
     def require_ready(self) -> None:
         if not self.ready:
             raise Unavailable("models are loading", retry_after=2)
@@ -244,6 +281,8 @@ class Core:
             if enabled:
                 for model in self:
                     await loop.run_in_executor(None, model.backend.warmup)
+            self.warm_rss = rss_bytes()
+            self.metrics.memory_bound.set(self.memory()["bound_bytes"])
             self.ready = True
             self.metrics.ready.set(1)
             log.info("ready: %s", ", ".join(self.models))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+
+from service.memory import peak_rss_bytes
 
 # Geometric buckets: 100 µs ... ~60 s, ×2 per step.
 DURATION_BUCKETS = tuple(round(0.0001 * 2**i, 6) for i in range(20))
@@ -99,6 +101,7 @@ class Metrics:
             registry=r,
         )
         self.inflight = Gauge("headwise_inflight_requests", "Requests being handled", registry=r)
+        self.finished = 0  # requests answered (a plain count: the heap trimmer's idle test)
         self.info = Gauge(
             "headwise_model_info",
             "The served model and where it runs (value 1)",
@@ -107,6 +110,32 @@ class Metrics:
         )
         self.ready = Gauge(
             "headwise_ready", "1 when every model is loaded and warm", registry=r
+        )
+        # Memory: process_resident_memory_bytes (now) from prometheus_client's collector, and
+        # the high-water mark, which a scrape every 15 s would miss.
+        ProcessCollector(registry=r)
+        self.peak_rss = Gauge(
+            "headwise_process_resident_memory_peak_bytes",
+            "Highest resident set size since the process started",
+            registry=r,
+        )
+        self.peak_rss.set_function(peak_rss_bytes)
+        self.memory_bound = Gauge(
+            "headwise_memory_bound_bytes",
+            "The documented peak for these settings (GET /info: memory)",
+            registry=r,
+        )
+        self.attention_inflight = Gauge(
+            "headwise_attention_inflight_numbers",
+            "layers x heads x tokens² of the /attention calls in flight (their shared budget)",
+            ["model"],
+            registry=r,
+        )
+        self.capacity = Gauge(
+            "headwise_capacity_tokens_per_second",
+            "Padded tokens a second the batcher measured (admission sizes requests by it)",
+            ["path", "model"],
+            registry=r,
         )
 
     def observer(self, path: str, model: str) -> BatchMetrics:
@@ -128,6 +157,7 @@ class BatchMetrics:
         self._ratio = m.padding_ratio.labels(*labels)
         self._depth = m.queue_depth.labels(*labels)
         self._depth.set(0)
+        self._capacity = m.capacity.labels(*labels)
         self._rejected = m.rejected
         self._labels = labels
         self._real = 0
@@ -146,6 +176,9 @@ class BatchMetrics:
 
     def queue_depth(self, texts: int) -> None:
         self._depth.set(texts)
+
+    def capacity(self, tokens_per_s: float) -> None:
+        self._capacity.set(tokens_per_s)
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(*self._labels, reason).inc()

@@ -153,6 +153,7 @@ class HeadwiseMiddleware:
             await self.app(scope, _replay(body, receive), send_with_headers)
         finally:
             self.metrics.inflight.dec()
+            self.metrics.finished += 1
             model = state.get("model", "")  # set by the route once it has picked a model
             seconds = time.monotonic() - started
             self.metrics.requests.labels(endpoint, model, str(status_seen[0])).inc()

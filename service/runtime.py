@@ -18,7 +18,7 @@ from tokenizers import Encoding, Tokenizer
 
 from service.bundle import Bundle
 from service.manifest import GraphKey, Manifest
-from service.sessions import CPU, CUDA, build_session
+from service.sessions import CPU, CUDA, build_session, run_options
 from service.settings import Settings
 from service.tensors import Batch
 
@@ -101,8 +101,12 @@ class OnnxBackend:
         self._untruncated.no_truncation()
         providers = choose_providers(settings.device, ort.get_available_providers())
         graph = choose_graph(bundle, settings.precision, providers[0] == CUDA)
+        # Memory: the default ("shrink") hands the arena's regions back after every run, so RSS
+        # follows the batch in flight, not the largest ever seen (bench/arena.py measures it).
+        arena = settings.memory != "off"
+        self._run_opts = run_options(settings.memory)
         self.session = build_session(
-            bundle.graph_path(graph), providers, settings.threads, spin and settings.spinning
+            bundle.graph_path(graph), providers, settings.threads, spin and settings.spinning, arena
         )
         self._feeds = _inputs(self.session)
         outputs = [o.name for o in self.session.get_outputs()]
@@ -127,8 +131,9 @@ class OnnxBackend:
         if settings.attention_enabled and bundle.has_graph("attention"):
             # Attention maps are fp32 on purpose: they are for looking at, not for speed.
             # Its threads never spin: an idle debug session must not steal the encoder's cores.
+            # Few threads: a debug call must leave the cores to the encoder (attention_threads).
             self.attention_session = build_session(
-                bundle.graph_path("attention"), used, settings.threads, spin=False
+                bundle.graph_path("attention"), used, settings.attention_threads, False, arena
             )
         log.info("%s: serving %s (%s) on %s", self.manifest.name, graph, self.info.precision, used[0])
 
@@ -157,21 +162,21 @@ class OnnxBackend:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def run(self, batch: Batch) -> np.ndarray:
-        (out,) = self.session.run(self._primary, batch.feeds(self._feeds))
+        (out,) = self.session.run(self._primary, batch.feeds(self._feeds), self._run_opts)
         return out
 
     def run_tokens(self, batch: Batch) -> np.ndarray | None:
         """Last-layer token vectors (B, N, d); None when the graph does not output them."""
         if self._tokens is None:
             return None
-        (out,) = self.session.run(self._tokens, batch.feeds(self._feeds))
+        (out,) = self.session.run(self._tokens, batch.feeds(self._feeds), self._run_opts)
         return out
 
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         if self.attention_session is None:
             raise RuntimeError("attention graph not loaded")
         primary, attn = self.attention_session.run(
-            None, batch.feeds(_inputs(self.attention_session))
+            None, batch.feeds(_inputs(self.attention_session)), self._run_opts
         )
         return primary, attn
 

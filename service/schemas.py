@@ -136,3 +136,8 @@ class AttentionRequest(Strict):
         False, description="cut at the attention token limit instead of 413"
     )
     format: Literal["json", "png"] = "json"
+    encoding_format: Literal["float", "base64_f16", "base64_f32"] = Field(
+        "float",
+        description="attentions as nested JSON arrays (float), or compact: base64 of "
+        "little-endian float16/float32 with dtype and shape [layers, heads, n, n]",
+    )

@@ -36,3 +36,13 @@ def build_session(
     opts.log_severity_level = 3
     model = path if isinstance(path, bytes) else str(path)
     return ort.InferenceSession(model, opts, providers=providers or [CPU])
+
+
+def run_options(memory: str) -> ort.RunOptions | None:
+    """Per-run options for a memory configuration: "shrink" hands the arena's unused regions
+    back at the end of every run; "arena" and "off" need none."""
+    if memory != "shrink":
+        return None
+    opts = ort.RunOptions()
+    opts.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return opts

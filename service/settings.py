@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = one per core")
     spinning: bool = Field(True, description="let ORT threads spin between runs (one session only)")
     warmup: bool = True
+    memory: Literal["shrink", "off", "arena"] = Field(
+        "shrink",
+        description="ONNX Runtime CPU memory: shrink: arena handed back after every run; off: "
+        "plain malloc; arena: keeps the largest batch ever seen (fastest, never shrinks)",
+    )
     verify_bundle: bool = Field(True, description="check every file's sha256 against the manifest")
 
     # Batching
@@ -54,6 +59,11 @@ class Settings(BaseSettings):
     )
     max_queue_texts: int = Field(4096, ge=1, description="texts waiting; more is answered 429")
     request_timeout_s: float = Field(30.0, gt=0, description="a request's deadline; then 503")
+    capacity_tokens_per_s: float = Field(
+        2000.0,
+        gt=0,
+        description="padded tokens/s assumed until batches are measured; sizes admission (413/429)",
+    )
 
     openai_token_ids: bool = Field(
         True,
@@ -85,6 +95,20 @@ class Settings(BaseSettings):
         5_000_000, ge=1, description="layers x heads x tokens² returned by one /attention call"
     )
     attention_queue: int = Field(8, ge=1, description="/attention requests waiting; then 429")
+    attention_budget_numbers: int = Field(
+        10_000_000,
+        ge=1,
+        description="layers x heads x tokens² of all /attention calls in flight together; then 429",
+    )
+    attention_threads: int = Field(
+        1, ge=0, description="intra-op threads of the attention graph (0 = one per core)"
+    )
+    attention_cpu_share: float = Field(
+        0.15,
+        gt=0,
+        le=1,
+        description="most of the CPU /attention may take: after a call, the next waits",
+    )
 
     # Security
     api_key: SecretStr | None = Field(

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import orjson
 from tokenizers import Encoding
 
 from service import attention as analysis
+from service.attention_encoding import Encoding as MapEncoding
+from service.attention_encoding import encode_maps, with_maps
+from service.attention_limits import Budget, Pacer
 from service.batcher import BatchPolicy, DynamicBatcher
 from service.errors import InvalidInput, PayloadTooLarge
 from service.heatmap import encode_png, grid_image
@@ -28,7 +30,7 @@ from service.tensors import Batch, l2_normalize
 
 @dataclass
 class Rendered:
-    body: bytes
+    body: list[bytes]  # pieces of at most about a MB, to be sent one after another
     media_type: str
     timings: Timings
 
@@ -58,6 +60,7 @@ class Query:
     truncate: bool
     format: Literal["json", "png"]
     pair: str | None = None
+    encoding: MapEncoding = "float"
 
 
 class AttentionPipeline:
@@ -66,9 +69,14 @@ class AttentionPipeline:
         self.backend = backend
         self.settings = settings
         self.manifest = backend.manifest
+        gauge = metrics.attention_inflight.labels(name)
+        gauge.set(0)
+        self.budget = Budget(settings.attention_budget_numbers, gauge.set)
+        self.pacer = Pacer(settings.attention_cpu_share)
+        # One call at a time (the pacer): a batch of one, its memory that of one text.
         policy = BatchPolicy(
-            max_batch_tokens=settings.attention_max_tokens * 4,
-            max_batch_size=4,
+            max_batch_tokens=settings.attention_max_tokens,
+            max_batch_size=1,
             max_wait_s=0.0,
             max_padding_ratio=1.0,
             max_queue=settings.attention_queue,
@@ -93,6 +101,7 @@ class AttentionPipeline:
         truncate: bool,
         format: Literal["json", "png"],
         pair: str | None = None,
+        encoding: MapEncoding = "float",
     ) -> Query:
         """Validate what needs no tokenizer."""
         for name, t in (("input", text), ("pair", pair or "")):
@@ -107,6 +116,7 @@ class AttentionPipeline:
             truncate,
             format,
             pair,
+            encoding,
         )
 
     async def run(self, q: Query, disconnected: asyncio.Future | None = None) -> Rendered:
@@ -143,15 +153,21 @@ class AttentionPipeline:
                 "shorter input"
             )
         types = [enc.type_ids] if "token_type_ids" in self.manifest.inputs else None
-        items = self.batcher.submit([ids], s.request_timeout_s, types)
-        ((primary, maps),) = await wait_all(
-            [it.future for it in items], s.request_timeout_s, disconnected
-        )
-        timings = Timings(tokenization_s, items[0].queue_s, items[0].inference_s)
-        loop = asyncio.get_running_loop()
-        body, media_type = await loop.run_in_executor(
-            None, self._render, q, enc, ids, truncated, primary, maps
-        )
+        # What the graph computes for this text, whatever is selected: all layers and heads.
+        computed = self.manifest.num_layers * self.manifest.num_heads * n * n
+        async with (
+            self.budget.hold(computed, retry_after=self.pacer.wait_s + 1),
+            self.pacer.turn(),
+        ):
+            items = self.batcher.submit([ids], s.request_timeout_s, types)
+            ((primary, maps),) = await wait_all(
+                [it.future for it in items], s.request_timeout_s, disconnected
+            )
+            timings = Timings(tokenization_s, items[0].queue_s, items[0].inference_s)
+            loop = asyncio.get_running_loop()
+            body, media_type = await loop.run_in_executor(
+                None, self._render, q, enc, ids, truncated, primary, maps
+            )
         return Rendered(body, media_type, timings)
 
     def _render(
@@ -162,12 +178,12 @@ class AttentionPipeline:
         truncated: bool,
         primary: np.ndarray,
         maps: np.ndarray,
-    ) -> tuple[bytes, str]:
+    ) -> tuple[list[bytes], str]:
         n = len(ids)
         maps = maps[:, :, :n, :n]  # (L, h, n, n): drop padding rows/cols of a shared batch
         selected = maps[np.ix_(q.layers, q.heads)]
         if q.format == "png":
-            return encode_png(grid_image(selected)), "image/png"
+            return [encode_png(grid_image(selected))], "image/png"
         special = self.manifest.special_tokens
         cls_index = _index_of(ids, special.cls)
         sep_index = _index_of(ids, special.sep, last=True)
@@ -188,7 +204,6 @@ class AttentionPipeline:
             "truncated": truncated,
             "layers": q.layers,
             "heads": q.heads,
-            "attentions": selected,
             "stats": stats_rows,
             "importance": {
                 "cls_last_layer": analysis.cls_importance(maps, anchor),
@@ -201,4 +216,4 @@ class AttentionPipeline:
             payload["boundary"] = sequence_ids.index(1) if 1 in sequence_ids else n
         if self.manifest.task == "embed":
             payload["embedding"] = l2_normalize(primary[None, :].astype(np.float32))[0]
-        return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), "application/json"
+        return with_maps(payload, "attentions", encode_maps(selected, q.encoding)), "application/json"

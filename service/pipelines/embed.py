@@ -125,11 +125,16 @@ class EmbedPipeline:
         prefix = self.prompt(prompt_name)
         if prefix:
             inputs = [prefix + t if isinstance(t, str) else t for t in inputs]
+        timeout_s = self.settings.request_timeout_s
+        # Before tokenising (which takes a second for 2,048 long texts): every word is a token
+        # at least, so a request refused on that bound is refused at once.
+        self.batcher.admit(self._at_least(inputs), timeout_s)
         self.batcher.arriving += 1
         try:
             sequences, truncated, tokenization_s = await self.sequences(
                 inputs, truncate, direction
             )
+            self.batcher.admit([len(s) for s in sequences], timeout_s)
             items = self.batcher.submit(sequences, self.settings.request_timeout_s)
         finally:
             self.batcher.arriving -= 1
@@ -151,6 +156,11 @@ class EmbedPipeline:
         if normalize is None:
             normalize = self.manifest.normalize
         return Encoded(postprocess(np.stack(rows), normalize, dimensions), tokens, timings)
+
+    def _at_least(self, inputs: list[str | list[int]]) -> list[int]:
+        """A lower bound on each input's tokens, without the tokenizer."""
+        limit = self.manifest.max_length
+        return [min(limit, len(t.split()) if isinstance(t, str) else len(t)) for t in inputs]
 
     async def _too_long(self, item: str | list[int], i: int) -> None:
         if isinstance(item, str):
@@ -183,6 +193,7 @@ class EmbedPipeline:
         if prefix:
             inputs = [prefix + t if isinstance(t, str) else t for t in inputs]
         sequences, _, _ = await self.sequences(inputs, truncate, direction)
+        self.token_batcher.admit([len(s) for s in sequences], self.settings.request_timeout_s)
         items = self.token_batcher.submit(sequences, self.settings.request_timeout_s)
         rows = await wait_all(
             [it.future for it in items], self.settings.request_timeout_s, disconnected

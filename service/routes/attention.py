@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from importlib import resources
 
 from fastapi import APIRouter, Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, Response, StreamingResponse
 
 from service.deps import ClientGone, ReadyCore, use_model
 from service.schemas import AttentionRequest
@@ -22,11 +23,29 @@ async def attention(
 ) -> Response:
     pipe = use_model(request, core, body.model, "attention").attention
     query = pipe.query(
-        body.input, body.layers, body.heads, body.truncate, body.format, body.pair
+        body.input,
+        body.layers,
+        body.heads,
+        body.truncate,
+        body.format,
+        pair=body.pair,
+        encoding=body.encoding_format,
     )
     out = await pipe.run(query, gone)
     request.state.timing_headers = out.timings.headers()
-    return Response(out.body, media_type=out.media_type)
+    size = sum(map(len, out.body))
+    if size <= 1 << 20:
+        return Response(b"".join(out.body), media_type=out.media_type)
+    # Tens of MB written at once would hold the event loop while they are copied: in pieces,
+    # each waits for the socket, and health checks are answered in between.
+    return StreamingResponse(
+        _pieces(out.body), media_type=out.media_type, headers={"content-length": str(size)}
+    )
+
+
+async def _pieces(body: list[bytes]) -> AsyncIterator[bytes]:
+    for piece in body:
+        yield piece
 
 
 @router.get("/attention/view", summary="A page to look at the maps", response_class=HTMLResponse)

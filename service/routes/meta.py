@@ -85,6 +85,9 @@ def limits(s: Settings) -> dict:
         "request_timeout_s": s.request_timeout_s,
         "attention_max_tokens": s.attention_max_tokens,
         "attention_max_numbers": s.attention_max_numbers,
+        "attention_budget_numbers": s.attention_budget_numbers,
+        "attention_cpu_share": s.attention_cpu_share,
+        "capacity_tokens_per_s": s.capacity_tokens_per_s,
     }
 
 
@@ -99,6 +102,12 @@ async def info(request: Request, core: AnyCore) -> Response:
         "models": models,
         "attention_enabled": core.settings.attention_enabled,
         "limits": limits(core.settings),
+        "memory": {"config": core.settings.memory, **core.memory()},
+        "capacity_tokens_per_s": {
+            m.name: round(m.embed.batcher.throughput.tokens_per_s, 1)
+            for m in core
+            if m.embed is not None
+        },
         "version": __version__,
     }
     return respond(request, payload)

@@ -253,3 +253,18 @@ def test_embed_all_gives_the_token_vectors_the_embedding_is_pooled_from(client):
     )
     assert tokens.shape[1] == 32
     np.testing.assert_allclose(tokens.mean(0), pooled, atol=1e-5)
+
+
+def test_info_states_the_memory_bound_and_metrics_carry_rss_and_its_peak(client):
+    info = client.get("/info").json()
+    mem = info["memory"]
+    assert mem["config"] == "shrink"
+    parts = ("warm_bytes", "encode_batches_bytes", "attention_bytes", "requests_bytes")
+    assert mem["bound_bytes"] == sum(mem[k] for k in parts) and mem["warm_bytes"] > 0
+    text = client.get("/metrics").text
+    for family in (
+        "process_resident_memory_bytes",
+        "headwise_process_resident_memory_peak_bytes",
+        "headwise_memory_bound_bytes",
+    ):
+        assert f"\n{family} " in text

@@ -75,12 +75,12 @@ def test_stats_and_importance_are_consistent_with_the_maps(client):
     assert sum(body["importance"]["rollout"]) == pytest.approx(1.0, abs=1e-6)
 
 
-def test_padding_never_leaks_into_a_shared_batch(tiny_bundle):
-    """Inputs of different lengths batched together give the same maps as each alone."""
+def test_concurrent_calls_run_one_at_a_time_and_give_the_maps_of_each_alone(tiny_bundle):
+    """Calls of different lengths at once: each runs alone (the pacer), never padded by another."""
     short, long_ = "short", "a much longer input with many more tokens than the other one"
 
     async def main():
-        app = create_app(Settings(bundle=tiny_bundle))
+        app = create_app(Settings(bundle=tiny_bundle, attention_cpu_share=1.0))
         async with app.router.lifespan_context(app):
             await app.state.core.wait_ready()
             transport = httpx.ASGITransport(app=app)
@@ -93,7 +93,7 @@ def test_padding_never_leaks_into_a_shared_batch(tiny_bundle):
             return alone, [r.json() for r in together], batcher.batches
 
     alone, together, batches = asyncio.run(main())
-    assert batches < 5  # some were batched with a longer input
+    assert batches == 5  # one batch a call
     for body in together[1::2]:
         np.testing.assert_allclose(
             np.array(body["attentions"]), np.array(alone["attentions"]), atol=1e-6
@@ -173,3 +173,60 @@ def test_real_model_maps_equal_eager_references(default_bundle, default_loaded, 
                 out = hf(torch.tensor([body["token_ids"]]), output_attentions=True)
             theirs = torch.stack(out.attentions)[:, 0].numpy()
             np.testing.assert_allclose(maps, theirs, atol=1e-4)
+
+
+@pytest.mark.parametrize("encoding, atol", [("base64_f32", 0.0), ("base64_f16", 1e-3)])
+def test_compact_maps_carry_the_json_arrays_with_their_shape(client, encoding, atol):
+    from service.attention_encoding import decode_maps
+
+    body = {"input": TEXT, "layers": [0, 1], "heads": [1]}
+    arrays = np.array(client.post("/attention", json=body).json()["attentions"])
+    compact = client.post("/attention", json={**body, "encoding_format": encoding}).json()
+    maps = compact["attentions"]
+    assert maps["encoding"] == "base64" and maps["shape"] == list(arrays.shape)
+    np.testing.assert_allclose(decode_maps(maps).astype(np.float32), arrays, atol=atol)
+    assert compact["stats"] == client.post("/attention", json=body).json()["stats"]
+
+
+def test_the_sum_of_calls_in_flight_is_bounded_429_with_retry_after():
+    """A call that would take the budget past its limit is refused at once (429), one that
+    could never fit is 413; the budget returns to zero when calls finish."""
+    from service.attention_limits import Budget
+    from service.errors import Overloaded, PayloadTooLarge
+
+    async def main():
+        budget = Budget(10)
+        async with budget.hold(6, retry_after=1):
+            with pytest.raises(Overloaded) as err:
+                async with budget.hold(6, retry_after=3):
+                    pass
+            assert err.value.retry_after == 3
+            assert "HEADWISE_ATTENTION_BUDGET_NUMBERS" in err.value.message
+        with pytest.raises(PayloadTooLarge):
+            async with budget.hold(11, retry_after=1):
+                pass
+        return budget.used
+
+    assert asyncio.run(main()) == 0
+
+
+def test_a_call_over_the_whole_budget_is_413_and_a_normal_one_leaves_it_empty(tiny_bundle):
+    with client_for(tiny_bundle, attention_budget_numbers=10) as c:
+        r = c.post("/attention", json={"input": TEXT})
+        assert r.status_code == 413
+        assert "HEADWISE_ATTENTION_BUDGET_NUMBERS" in r.json()["error"]["message"]
+    with client_for(tiny_bundle, attention_cpu_share=1.0) as c:
+        assert c.post("/attention", json={"input": TEXT}).status_code == 200
+        assert c.app.state.core.models["tiny-random"].attention.budget.used == 0
+        assert "headwise_attention_inflight_numbers{" in c.get("/metrics").text
+
+
+def test_head_stats_layer_by_layer_equal_the_whole_array_at_once():
+    rng = np.random.default_rng(0)
+    maps = rng.random((3, 2, 5, 5))
+    maps /= maps.sum(-1, keepdims=True)
+    stats = analysis.head_stats(maps, 0, 4)
+    p = maps.astype(np.float64)
+    np.testing.assert_allclose(stats["entropy"], -(p * np.log(p)).sum(-1).mean(-1))
+    np.testing.assert_allclose(stats["cls_mass"], p[..., 0].mean(-1))
+    assert all(v.shape == (3, 2) for v in stats.values())

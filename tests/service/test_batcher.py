@@ -55,6 +55,9 @@ class Depths:
     def rejected(self, reason: str) -> None:
         pass
 
+    def capacity(self, tokens_per_s: float) -> None:
+        pass
+
     @property
     def last(self) -> int:
         return self.seen[-1]

@@ -1,0 +1,73 @@
+"""What keeps /attention from starving serving: a budget across calls, and a CPU share.
+
+Budget: the layers x heads x tokens² of every call in flight together stay under one number
+(the per-call bound does not bound the sum); a call that does not fit is answered 429 with
+Retry-After at once. Pacer: calls run one at a time, and after a call that took t seconds the
+next starts no sooner than t x (1/share - 1) later, so /attention's graph, statistics and
+serialisation take at most `share` of the time, whatever the number of clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from service.errors import Overloaded, PayloadTooLarge
+
+
+class Budget:
+    def __init__(self, limit: int, report: Callable[[int], None] | None = None) -> None:
+        self.limit = limit
+        self.used = 0
+        self._report = report or (lambda used: None)
+
+    @asynccontextmanager
+    async def hold(self, numbers: int, retry_after: float) -> AsyncIterator[None]:
+        if numbers > self.limit:  # would never fit: waiting cannot help
+            raise PayloadTooLarge(
+                f"this /attention call computes {numbers} numbers, more than the "
+                f"{self.limit} all calls may hold together (HEADWISE_ATTENTION_BUDGET_NUMBERS): "
+                "send a shorter input"
+            )
+        if self.used + numbers > self.limit:
+            raise Overloaded(
+                f"/attention calls in flight hold {self.used} of {self.limit} numbers "
+                f"(HEADWISE_ATTENTION_BUDGET_NUMBERS); this one needs {numbers}: retry later, "
+                "or select fewer layers or heads",
+                retry_after=retry_after,
+            )
+        self.used += numbers
+        self._report(self.used)
+        try:
+            yield
+        finally:
+            self.used -= numbers
+            self._report(self.used)
+
+
+class Pacer:
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self._lock = asyncio.Lock()
+        self._next = 0.0  # monotonic time the next call may start
+        self.last_s = 0.0  # how long the last call took
+
+    @property
+    def wait_s(self) -> float:
+        """Roughly how long a call arriving now waits for its turn."""
+        return max(0.0, self._next - time.monotonic()) + (self.last_s if self._lock.locked() else 0)
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        async with self._lock:
+            delay = self._next - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the pause that gives the cores back to serving
+            started = time.monotonic()
+            try:
+                yield
+            finally:
+                self.last_s = time.monotonic() - started
+                self._next = time.monotonic() + self.last_s * (1 / self.share - 1)

@@ -114,20 +114,11 @@ def run(args: argparse.Namespace) -> int:
             "" if graph.fused else "  UNFUSED",
         )
         if graph.quality is not None:
-            q = graph.quality
             log.info(
-                "%-13s %d pairs (%s): recall@1 %.1f vs %.1f, recall@10 %.1f vs %.1f, "
-                "MRR %.1f vs %.1f (fp32), Spearman %.4f; %d nodes int8, %d kept fp32",
+                "%-13s %s (%s); %d nodes int8, %d kept fp32",
                 "",
-                q.pairs,
-                q.corpus,
-                q.recall_at_1,
-                q.fp32_recall_at_1,
-                q.recall_at_10,
-                q.fp32_recall_at_10,
-                q.mrr,
-                q.fp32_mrr,
-                q.spearman,
+                quality.summary(graph.quality),
+                graph.quality.corpus,
                 graph.quantised or 0,
                 len(graph.kept_fp32),
             )

@@ -185,6 +185,15 @@ def measure(
     )
 
 
+def summary(q: RetrievalQuality) -> str:
+    """One line of the figures, int8 against fp32, for the export log."""
+    return (
+        f"recall@1 {q.recall_at_1:.1f} (fp32 {q.fp32_recall_at_1:.1f}), recall@10 "
+        f"{q.recall_at_10:.1f} ({q.fp32_recall_at_10:.1f}), MRR {q.mrr:.1f} ({q.fp32_mrr:.1f}), "
+        f"Spearman {q.spearman:.4f}, min cosine {q.min_cosine:.4f}, on {q.pairs} pairs"
+    )
+
+
 def within(q: RetrievalQuality, max_drop: float, min_spearman: float) -> bool:
     """Recall@10 and MRR lost at most `max_drop` points each, and similarities rank alike."""
     return q.max_drop <= max_drop and q.spearman >= min_spearman
@@ -229,18 +238,5 @@ class RetrievalGate:
     def passes(self, graph: Path) -> bool:
         q = self.measure(graph)
         ok = within(q, self.max_drop, self.min_spearman)
-        log.info(
-            "int8 gate %s: recall@1 %.1f (fp32 %.1f), recall@10 %.1f (%.1f), MRR %.1f (%.1f), "
-            "Spearman %.4f, min cosine %.4f, on %d pairs",
-            "passed" if ok else "failed",
-            q.recall_at_1,
-            q.fp32_recall_at_1,
-            q.recall_at_10,
-            q.fp32_recall_at_10,
-            q.mrr,
-            q.fp32_mrr,
-            q.spearman,
-            q.min_cosine,
-            q.pairs,
-        )
+        log.info("int8 gate %s: %s", "passed" if ok else "failed", summary(q))
         return ok

@@ -31,10 +31,17 @@ log = logging.getLogger(__name__)
 Capability = Literal["embed", "rerank", "classify", "attention", "tokenize"]
 ROUTES: dict[Capability, str] = {
     "embed": "/encode, /v1/embeddings",
-    "rerank": "/rerank, /v1/rerank",
+    "rerank": "/rerank, /v1/rerank, /v2/rerank",
     "classify": "/predict",
     "attention": "/attention",
-    "tokenize": "/tokenize",
+    "tokenize": "/tokenize/details",
+}
+WANTED: dict[Capability, str] = {
+    "embed": "an embedding model",
+    "rerank": "a reranker",
+    "classify": "a classifier",
+    "attention": "a model with its attention graph (HEADWISE_ATTENTION_ENABLED)",
+    "tokenize": "any model",
 }
 
 
@@ -206,7 +213,7 @@ class Core:
             if capability not in model.capabilities:
                 raise WrongTask(
                     f"model {name!r} is a {model.task} model: it serves {model.routes()}; "
-                    f"{ROUTES[capability]} needs {self._wanted(capability)}",
+                    f"{ROUTES[capability]} needs {WANTED[capability]}",
                     param="model",
                 )
             return model
@@ -223,16 +230,6 @@ class Core:
             f"model {name!r} is not served here; {ROUTES[capability]} is served by: {listed}",
             param="model",
         )
-
-    @staticmethod
-    def _wanted(capability: Capability) -> str:
-        return {
-            "embed": "an embedding model",
-            "rerank": "a reranker",
-            "classify": "a classifier",
-            "attention": "a model with its attention graph (HEADWISE_ATTENTION_ENABLED)",
-            "tokenize": "any model",
-        }[capability]
 
     def memory(self) -> dict[str, int]:
         """The documented peak for these settings and models (README: Memory)."""

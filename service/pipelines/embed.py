@@ -73,6 +73,13 @@ class EmbedPipeline:
             )
         return prompts[prompt_name]
 
+    def prompted(self, inputs: list, prompt_name: str | None) -> list:
+        """Texts with the prompt prepended (sentence-transformers' way); token ids as given."""
+        prefix = self.prompt(prompt_name)
+        if not prefix:
+            return inputs
+        return [prefix + t if isinstance(t, str) else t for t in inputs]
+
     def validate(
         self, inputs: str | list[str] | list[str | list[int]], param: str, dimensions: int | None = None
     ) -> list[str | list[int]]:
@@ -122,9 +129,7 @@ class EmbedPipeline:
         disconnected: asyncio.Future | None = None,
     ) -> Encoded:
         """normalize None: the model's own default (its sentence-transformers Normalize)."""
-        prefix = self.prompt(prompt_name)
-        if prefix:
-            inputs = [prefix + t if isinstance(t, str) else t for t in inputs]
+        inputs = self.prompted(inputs, prompt_name)
         timeout_s = self.settings.request_timeout_s
         # Before tokenising (which takes a second for 2,048 long texts): every word is a token
         # at least, so a request refused on that bound is refused at once.
@@ -189,9 +194,7 @@ class EmbedPipeline:
                 f"{self.manifest.name}'s bundle has no token-embedding output: re-export it with "
                 "this headwise to serve /embed_all",
             )
-        prefix = self.prompt(prompt_name)
-        if prefix:
-            inputs = [prefix + t if isinstance(t, str) else t for t in inputs]
+        inputs = self.prompted(inputs, prompt_name)
         sequences, _, _ = await self.sequences(inputs, truncate, direction)
         self.token_batcher.admit([len(s) for s in sequences], self.settings.request_timeout_s)
         items = self.token_batcher.submit(sequences, self.settings.request_timeout_s)

@@ -123,8 +123,8 @@ async def tokenize(body: TokenizeRequest, request: Request, core: AnyCore) -> Re
     model = use_model(request, core, None, "tokenize")
     texts = as_list(body.inputs, "inputs")
     check_texts(texts, core.settings, "inputs")
-    if model.embed is not None and (prefix := model.embed.prompt(body.prompt_name)):
-        texts = [prefix + t for t in texts]
+    if model.embed is not None:
+        texts = model.embed.prompted(texts, body.prompt_name)
     encodings, _ = await tokenized(
         model.backend.tokenize, texts, sum(map(len, texts)), body.add_special_tokens
     )

@@ -13,6 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 from service import __version__, errors
 from service.bundle import load_bundle
 from service.core import Core, Loader, ModelSpec
+from service.lane import Lane
 from service.metrics import Metrics
 from service.middleware import HeadwiseMiddleware
 from service.routes import attention, embeddings, meta, rerank, tei
@@ -52,7 +53,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("stopped; all accepted requests answered")
 
 
-def create_app(settings: Settings | None = None, loader: Loader | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, loader: Loader | None = None, lane: bool = True
+) -> FastAPI:
+    """lane=False leaves every route to FastAPI (tests compare the two)."""
     settings = settings or Settings()
     app = FastAPI(
         title="headwise",
@@ -75,6 +79,8 @@ def create_app(settings: Settings | None = None, loader: Loader | None = None) -
     app.include_router(rerank.cohere)
     if settings.attention_enabled:
         app.include_router(attention.router)
+    if lane:  # innermost of ours: CORS and HeadwiseMiddleware wrap its answers too
+        app.add_middleware(Lane)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

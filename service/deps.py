@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from service.core import Capability, Core, Model
-from service.pipelines.common import wait_for_disconnect
+from service.pipelines.common import Disconnect
 
 
 # async on purpose: FastAPI runs a plain `def` dependency on a worker thread, a hop that cost
@@ -21,7 +19,10 @@ async def get_core(request: Request) -> Core:
 AnyCore = Annotated[Core, Depends(get_core)]
 
 
-async def ready_core(core: AnyCore) -> Core:
+async def ready_core(request: Request) -> Core:
+    """The core once every model is loaded and warm (503 before). One dependency, not one on
+    top of get_core: each resolution costs the hot path a few µs."""
+    core: Core = request.app.state.core
     core.require_ready()
     return core
 
@@ -29,16 +30,12 @@ async def ready_core(core: AnyCore) -> Core:
 ReadyCore = Annotated[Core, Depends(ready_core)]
 
 
-async def client_gone(request: Request) -> AsyncIterator[asyncio.Future]:
-    """A future that completes if the client disconnects while the request is handled."""
-    task = asyncio.ensure_future(wait_for_disconnect(request.receive))
-    try:
-        yield task
-    finally:
-        task.cancel()
+async def client_gone(request: Request) -> Disconnect:
+    """The client's disconnect, for pipelines to watch while they wait for queued work."""
+    return Disconnect(request.receive)
 
 
-ClientGone = Annotated[asyncio.Future, Depends(client_gone)]
+ClientGone = Annotated[Disconnect, Depends(client_gone)]
 
 
 def use_model(request: Request, core: Core, name: str | None, capability: Capability) -> Model:

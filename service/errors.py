@@ -189,22 +189,17 @@ def _answer(request: Request, exc: HeadwiseError) -> Response:
     return error_response(exc, state.get("dialect"))
 
 
-def install(app: FastAPI) -> None:
-    @app.exception_handler(HeadwiseError)
-    async def _domain(request: Request, exc: HeadwiseError) -> Response:
-        return _answer(request, exc)
-
-    @app.exception_handler(ClientGone)
-    async def _gone(request: Request, exc: ClientGone) -> Response:
+def answer(request: Request, exc: Exception) -> Response:
+    """Any exception a request raised, as its response: the one mapping, used by FastAPI's
+    exception handlers and by the hot lane (service/lane.py) alike."""
+    if isinstance(exc, ClientGone):
         return Response(status_code=CLIENT_CLOSED)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+    if isinstance(exc, HeadwiseError):
+        return _answer(request, exc)
+    if isinstance(exc, RequestValidationError):
         message, status = describe_validation(exc)
         return _answer(request, _status_error(status, "invalid_request_error", message))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+    if isinstance(exc, StarletteHTTPException):
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 400 and message == "There was an error parsing the body":
             message = "request body could not be parsed as JSON (malformed, nested too deep, or not UTF-8)"
@@ -213,9 +208,15 @@ def install(app: FastAPI) -> None:
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
         return _answer(request, _status_error(exc.status_code, "http_error", message))
+    err = _status_error(500, "internal_error", f"unhandled {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return _answer(request, err)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> Response:
-        err = _status_error(500, "internal_error", f"unhandled {type(exc).__name__}: {exc}")
-        err.__cause__ = exc
-        return _answer(request, err)
+
+async def _handler(request: Request, exc: Exception) -> Response:
+    return answer(request, exc)
+
+
+def install(app: FastAPI) -> None:
+    for kind in (HeadwiseError, ClientGone, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(kind, _handler)

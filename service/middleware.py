@@ -150,7 +150,7 @@ class HeadwiseMiddleware:
                     PayloadTooLarge(f"request body is larger than the limit of {self.max_body} bytes")
                 )
                 return
-            await self.app(scope, _replay(body, receive), send_with_headers)
+            await self.app(scope, replay(body, receive), send_with_headers)
         finally:
             self.metrics.inflight.dec()
             self.metrics.finished += 1
@@ -207,7 +207,7 @@ class HeadwiseMiddleware:
         return b"".join(chunks)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay(body: bytes, receive: Receive) -> Receive:
     """The buffered body first, then the server's own messages (to notice a disconnect)."""
     delivered = False
 

@@ -22,7 +22,7 @@ from service.batcher import BatchPolicy, DynamicBatcher
 from service.errors import InvalidInput, PayloadTooLarge
 from service.heatmap import encode_png, grid_image
 from service.metrics import Metrics
-from service.pipelines.common import Timings, tokenized, wait_all
+from service.pipelines.common import Disconnect, Timings, tokenized, wait_all
 from service.runtime import Backend
 from service.settings import Settings
 from service.tensors import Batch, l2_normalize
@@ -119,7 +119,7 @@ class AttentionPipeline:
             encoding,
         )
 
-    async def run(self, q: Query, disconnected: asyncio.Future | None = None) -> Rendered:
+    async def run(self, q: Query, disconnect: Disconnect | None = None) -> Rendered:
         s = self.settings
         limit = min(s.attention_max_tokens, self.manifest.max_length)
         if q.pair is None:
@@ -161,7 +161,7 @@ class AttentionPipeline:
         ):
             items = self.batcher.submit([ids], s.request_timeout_s, types)
             ((primary, maps),) = await wait_all(
-                [it.future for it in items], s.request_timeout_s, disconnected
+                [it.future for it in items], s.request_timeout_s, disconnect
             )
             timings = Timings(tokenization_s, items[0].queue_s, items[0].inference_s)
             loop = asyncio.get_running_loop()

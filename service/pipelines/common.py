@@ -86,8 +86,23 @@ async def wait_for_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
             return
 
 
+class Disconnect:
+    """A request's client going away, watched only while the request waits for queued work.
+
+    The watch is a task reading the ASGI receive channel; it starts when the wait does and is
+    cancelled when the wait ends (a task for the request's whole life, as a generator
+    dependency, cost ~45 µs a request in FastAPI's exit-stack machinery).
+    """
+
+    def __init__(self, receive: Callable[[], Awaitable[dict]]) -> None:
+        self._receive = receive
+
+    def watch(self) -> asyncio.Future:
+        return asyncio.ensure_future(wait_for_disconnect(self._receive))
+
+
 async def wait_all(
-    futures: list[asyncio.Future[T]], timeout_s: float, disconnected: asyncio.Future | None
+    futures: list[asyncio.Future[T]], timeout_s: float, disconnect: Disconnect | None
 ) -> list[T]:
     """All results, or: the first error; ClientGone; Unavailable when the deadline passes.
 
@@ -95,9 +110,16 @@ async def wait_all(
     """
     gathered = asyncio.gather(*futures)
     waiters: set[asyncio.Future] = {gathered}
-    if disconnected is not None:
-        waiters.add(disconnected)
-    done, _ = await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    gone = disconnect.watch() if disconnect is not None else None
+    if gone is not None:
+        waiters.add(gone)
+    try:
+        done, _ = await asyncio.wait(
+            waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        if gone is not None:
+            gone.cancel()
     if gathered in done:
         return gathered.result()
     gathered.cancel()
@@ -105,7 +127,7 @@ async def wait_all(
         f.cancel()
     # Retrieve the gather's outcome so asyncio does not log it as "never retrieved".
     gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
-    if disconnected is not None and disconnected in done:
+    if gone is not None and gone in done:
         raise ClientGone()
     raise Unavailable(f"request did not finish within {timeout_s:g} s", retry_after=1)
 

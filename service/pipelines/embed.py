@@ -11,6 +11,7 @@ from service.batcher import DynamicBatcher
 from service.errors import InvalidInput, PayloadTooLarge, WrongTask
 from service.metrics import Metrics
 from service.pipelines.common import (
+    Disconnect,
     Timings,
     as_list,
     check_ids,
@@ -126,7 +127,7 @@ class EmbedPipeline:
         dimensions: int | None = None,
         prompt_name: str | None = None,
         direction: Direction = "right",
-        disconnected: asyncio.Future | None = None,
+        disconnect: Disconnect | None = None,
     ) -> Encoded:
         """normalize None: the model's own default (its sentence-transformers Normalize)."""
         inputs = self.prompted(inputs, prompt_name)
@@ -147,7 +148,7 @@ class EmbedPipeline:
         if truncated:
             self._truncated.inc(truncated)
         rows = await wait_all(
-            [it.future for it in items], self.settings.request_timeout_s, disconnected
+            [it.future for it in items], self.settings.request_timeout_s, disconnect
         )
         timings = Timings(
             tokenization_s,
@@ -186,7 +187,7 @@ class EmbedPipeline:
         truncate: bool = True,
         prompt_name: str | None = None,
         direction: Direction = "right",
-        disconnected: asyncio.Future | None = None,
+        disconnect: Disconnect | None = None,
     ) -> list[np.ndarray]:
         """Per input, its tokens' last-layer vectors (n_i, d), padding removed."""
         if self.token_batcher is None:
@@ -199,6 +200,6 @@ class EmbedPipeline:
         self.token_batcher.admit([len(s) for s in sequences], self.settings.request_timeout_s)
         items = self.token_batcher.submit(sequences, self.settings.request_timeout_s)
         rows = await wait_all(
-            [it.future for it in items], self.settings.request_timeout_s, disconnected
+            [it.future for it in items], self.settings.request_timeout_s, disconnect
         )
         return [row[: len(seq)] for row, seq in zip(rows, sequences, strict=True)]

@@ -9,7 +9,6 @@ through the dynamic batcher one sequence each, mixed with other requests' pairs.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +16,7 @@ import numpy as np
 from service.batcher import DynamicBatcher
 from service.errors import PayloadTooLarge
 from service.metrics import Metrics
-from service.pipelines.common import Timings, check_texts, tokenized, wait_all
+from service.pipelines.common import Disconnect, Timings, check_texts, tokenized, wait_all
 from service.runtime import Backend
 from service.settings import Settings
 
@@ -82,7 +81,7 @@ class ScorePipeline:
         self,
         items: list[Item],
         truncate: bool = True,
-        disconnected: asyncio.Future | None = None,
+        disconnect: Disconnect | None = None,
     ) -> Scored:
         """Raw logits per item (a text or a pair), in order."""
         singles = [i for i, it in enumerate(items) if isinstance(it, str)]
@@ -120,7 +119,7 @@ class ScorePipeline:
         if cut:
             self._truncated.inc(len(cut))
         rows = await wait_all(
-            [it.future for it in queued], self.settings.request_timeout_s, disconnected
+            [it.future for it in queued], self.settings.request_timeout_s, disconnect
         )
         timings = Timings(
             seconds, max(it.queue_s for it in queued), max(it.inference_s for it in queued)

@@ -32,7 +32,7 @@ async def encode(
         normalize=body.normalize,
         dimensions=body.dimensions,
         prompt_name=body.prompt_name,
-        disconnected=gone,
+        disconnect=gone,
     )
     payload = {
         "embeddings": out.vectors,
@@ -65,7 +65,7 @@ async def openai_embeddings(
         normalize=True,
         dimensions=body.dimensions,
         prompt_name=body.prompt_name,
-        disconnected=gone,
+        disconnect=gone,
     )
     encode = _b64 if body.encoding_format == "base64" else (lambda v: v)
     data = [

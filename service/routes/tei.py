@@ -47,7 +47,7 @@ async def embed(body: EmbedRequest, request: Request, core: ReadyCore, gone: Cli
         dimensions=body.dimensions,
         prompt_name=body.prompt_name,
         direction=body.direction,
-        disconnected=gone,
+        disconnect=gone,
     )
     return respond(request, out.vectors, out.timings)
 
@@ -84,7 +84,7 @@ async def embed_all(
         truncate=body.cut,
         prompt_name=body.prompt_name,
         direction=body.direction,
-        disconnected=gone,
+        disconnect=gone,
     )
     return respond(request, tokens)
 
@@ -102,7 +102,7 @@ async def similarity(
         normalize=True,
         prompt_name=opts.prompt_name,
         direction=opts.direction,
-        disconnected=gone,
+        disconnect=gone,
     )
     scores = out.vectors[1:] @ out.vectors[0]
     return respond(request, scores.astype(float), out.timings)

@@ -15,14 +15,14 @@ from service.settings import Settings
 
 @contextmanager
 def client_for(
-    bundle: Path | list[str], loader=None, wait_ready: bool = True, **overrides
+    bundle: Path | list[str], loader=None, wait_ready: bool = True, lane: bool = True, **overrides
 ) -> Iterator[TestClient]:
     """A TestClient on one bundle (a path) or several (["NAME=DIR", ...]); waits until warm."""
     if isinstance(bundle, list):
         overrides["bundles"] = bundle
     else:
         overrides["bundle"] = bundle
-    app = create_app(Settings(**overrides), loader=loader)
+    app = create_app(Settings(**overrides), loader=loader, lane=lane)
     with TestClient(app) as client:
         if wait_ready:
             client.portal.call(app.state.core.wait_ready)

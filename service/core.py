@@ -65,7 +65,8 @@ class ModelSpec:
 Loader = Callable[[ModelSpec, Settings], Backend]
 
 
-def batch_policy(s: Settings) -> BatchPolicy:
+def batch_policy(s: Settings, inline: bool = False) -> BatchPolicy:
+    """inline: the backend's runs may run on the event loop (Backend.inline)."""
     return BatchPolicy(
         max_batch_tokens=s.max_batch_tokens,
         max_batch_size=s.max_batch_size,
@@ -74,6 +75,7 @@ def batch_policy(s: Settings) -> BatchPolicy:
         max_queue=s.max_queue_texts,
         padding_slack=s.padding_slack_tokens,
         assumed_tokens_per_s=s.capacity_tokens_per_s,
+        inline_max_tokens=s.inline_max_tokens if inline else 0,
     )
 
 
@@ -119,7 +121,7 @@ def build_model(name: str, backend: Backend, settings: Settings, metrics: Metric
     def batcher(infer, path: str) -> DynamicBatcher:
         b = DynamicBatcher(
             infer,
-            batch_policy(settings),
+            batch_policy(settings, backend.inline),
             metrics.observer(path, name),
             f"{path}-{name}",
             manifest.special_tokens.pad,

@@ -48,6 +48,9 @@ class Backend(Protocol):
     manifest: Manifest
     info: RuntimeInfo
     token_output: bool  # the serving graph also outputs token_embeddings (B, N, d)
+    # Its runs are bounded CPU work, so a small one may run on the event loop when the server
+    # is otherwise idle (the batcher's inline runs). False on a GPU: a run waits on the device.
+    inline: bool
 
     def tokenize(
         self, texts: list[str], add_special_tokens: bool = True, direction: Direction = "right"
@@ -127,6 +130,7 @@ class OnnxBackend:
                     bundle.graph_path(graph), used, settings.threads, spin and settings.spinning
                 )
         self.info = RuntimeInfo(used, graph, self.manifest.graphs[graph].precision)
+        self.inline = self.info.device == "cpu"
         self.attention_session = None
         if settings.attention_enabled and bundle.has_graph("attention"):
             # Attention maps are fp32 on purpose: they are for looking at, not for speed.

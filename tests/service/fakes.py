@@ -71,6 +71,7 @@ class FakeBackend:
         self.seen: list[list[int]] = []  # every real sequence computed
         self.fail_next = False
         self.token_output = True
+        self.inline = False  # a test may hold a batch in the backend: never on the loop
 
     def tokenize(
         self, texts: list[str], add_special_tokens: bool = True, direction: str = "right"

@@ -360,3 +360,61 @@ def test_depth_is_zero_after_a_drain_on_shutdown():
         return depths.last
 
     assert run(main()) == 0
+
+
+class Threads:
+    """An infer that records which thread ran each batch."""
+
+    def __init__(self) -> None:
+        self.ran_on: list[threading.Thread] = []
+
+    def __call__(self, batch: Batch):
+        self.ran_on.append(threading.current_thread())
+        return batch.input_ids.sum(1)
+
+
+def test_a_small_batch_on_an_idle_batcher_runs_on_the_event_loop():
+    async def go():
+        infer = Threads()
+        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=8))
+        b.start()
+        (item,) = b.submit(seqs(3), 5)
+        assert await item.future == 3
+        await b.stop()
+        return infer.ran_on
+
+    assert run(go()) == [threading.current_thread()]
+
+
+@pytest.mark.parametrize(
+    ("inline_max_tokens", "lengths", "why"),
+    [(0, (3,), "inline runs off"), (8, (9,), "batch over the limit"), (8, (3, 3, 3), "3x3 > 8")],
+)
+def test_a_batch_runs_on_the_inference_thread_unless_small_and_alone(inline_max_tokens, lengths, why):
+    async def go():
+        infer = Threads()
+        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=inline_max_tokens))
+        b.start()
+        await asyncio.gather(*(it.future for it in b.submit(seqs(*lengths), 5)))
+        await b.stop()
+        return infer.ran_on
+
+    (thread,) = run(go())
+    assert thread is not threading.current_thread(), why
+
+
+def test_a_batch_with_others_still_queued_runs_on_the_inference_thread():
+    """Two texts, one per batch: the first leaves the second waiting (thread); the second is
+    then alone (loop)."""
+
+    async def go():
+        infer = Threads()
+        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=8, max_batch_size=1))
+        b.start()
+        await asyncio.gather(*(it.future for it in b.submit(seqs(2, 2), 5)))
+        await b.stop()
+        return infer.ran_on
+
+    first, second = run(go())
+    assert first is not threading.current_thread()
+    assert second is threading.current_thread()

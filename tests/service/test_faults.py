@@ -137,6 +137,7 @@ def test_auto_falls_back_to_the_cpu_and_then_serves_the_fp32_graph(tiny_bundle, 
         backend = OnnxBackend(load_bundle(tiny_bundle), Settings(device="auto"))
     assert "CUDA provider failed to start" in caplog.text
     assert backend.info.providers == [CPU] and backend.info.graph == "encoder"
+    assert backend.inline, "on the CPU after all: small batches may run on the event loop"
 
 
 def test_cuda_demanded_where_the_provider_cannot_start_refuses_naming_the_driver(

@@ -15,7 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.app import create_app
-from service.core import ModelSpec, unique_names
+from service.core import ModelSpec, build_model, unique_names
+from service.metrics import Metrics
 from service.settings import Settings
 from service.tensors import Batch, l2_normalize
 from tests.service.conftest import client_for
@@ -183,3 +184,12 @@ def test_duplicate_names_stop_the_start_naming_both_folders():
     with pytest.raises(ValueError, match="two bundles are named 'm'.*/one.*/two"):
         unique_names(specs, ["m", "m"])
     assert unique_names([ModelSpec(Path("/one"), "x"), specs[1]], ["m", "m"]) == ["x", "m"]
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_only_a_backend_that_allows_it_gets_inline_runs(inline):
+    backend = FakeBackend(fake_manifest("m"))
+    backend.inline = inline
+    settings = Settings(bundle=Path("m"), inline_max_tokens=48)
+    model = build_model("m", backend, settings, Metrics())
+    assert {b.policy.inline_max_tokens for b in model.serving_batchers} == ({48} if inline else {0})

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from service.batcher import BatchPolicy, DynamicBatcher
+from service.batch_policy import BatchPolicy
+from service.batcher import DynamicBatcher
 from service.errors import ModelNotFound, Unavailable, WrongTask
 from service.memory import LARGE_REQUESTS, memory_budget, rss_bytes
 from service.metrics import Metrics

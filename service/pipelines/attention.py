@@ -18,7 +18,8 @@ from service import attention as analysis
 from service.attention_encoding import Encoding as MapEncoding
 from service.attention_encoding import encode_maps, with_maps
 from service.attention_limits import Budget, Pacer
-from service.batcher import BatchPolicy, DynamicBatcher
+from service.batch_policy import BatchPolicy
+from service.batcher import DynamicBatcher
 from service.errors import InvalidInput, PayloadTooLarge
 from service.heatmap import encode_png, grid_image
 from service.metrics import Metrics

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from service.batcher import BatchPolicy, DynamicBatcher, Item, select_batch
+from service.batch_policy import BatchPolicy, Item, select_batch
+from service.batcher import DynamicBatcher
 from service.errors import InferenceFailed, Overloaded, Unavailable
 from service.tensors import Batch
 

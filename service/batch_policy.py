@@ -1,0 +1,75 @@
+"""What a batch is made of: the queued items, the policy's bounds, and the choice of the next
+batch (the oldest text plus its nearest-length neighbours). Pure functions, no event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class Item:
+    ids: Sequence[int]
+    future: asyncio.Future
+    enqueued: float
+    deadline: float
+    types: Sequence[int] | None = None  # token type ids (text pairs), same length as ids
+    started: float = 0.0  # when its batch began inference
+    inference_s: float = 0.0
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    @property
+    def queue_s(self) -> float:
+        return max(0.0, self.started - self.enqueued)
+
+
+@dataclass
+class BatchPolicy:
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 64
+    max_wait_s: float = 0.002
+    max_padding_ratio: float = 0.1
+    padding_slack: int = 8  # a few padding tokens are cheaper than a separate run
+    max_queue: int = 4096
+    window: int = 8  # look at this many batches' worth of the oldest texts when grouping
+    assumed_tokens_per_s: float = 2000.0  # until batches are measured (admission)
+    inline_max_tokens: int = 0  # padded tokens of a batch that may run on the loop when idle
+
+
+def select_batch(queue: Sequence[Item], policy: BatchPolicy) -> list[Item]:
+    """The oldest item plus its nearest-length neighbours, within budget and padding bounds."""
+    window = list(queue[: policy.max_batch_size * policy.window])
+    anchor = window[0]
+    ordered = sorted(window, key=lambda it: it.length)
+    i = ordered.index(anchor)
+    lo = hi = i
+    longest, real = anchor.length, anchor.length
+    while hi - lo + 1 < policy.max_batch_size:
+        count = hi - lo + 2
+        padded_now = longest * (count - 1)
+        options = []  # (padding ratio, extra padding tokens, side, new longest)
+        for side, j in ((-1, lo - 1), (1, hi + 1)):
+            if 0 <= j < len(ordered):
+                length = ordered[j].length
+                new_longest = max(longest, length)
+                padded = new_longest * count
+                extra = padded - padded_now - length
+                options.append((1 - (real + length) / padded, extra, side, new_longest))
+        options = [o for o in options if o[3] * count <= policy.max_batch_tokens]
+        if not options:
+            break
+        padding, extra, side, new_longest = min(options, key=lambda o: (o[1], o[0]))
+        if padding > policy.max_padding_ratio and extra > policy.padding_slack:
+            break
+        if side < 0:
+            lo -= 1
+            real += ordered[lo].length
+        else:
+            hi += 1
+            real += ordered[hi].length
+        longest = new_longest
+    return ordered[lo : hi + 1]

@@ -1,8 +1,9 @@
-"""Where one short request's time goes in the server: py-spy samples `headwise serve` while one
-client sends the benchmark's shortest text, then the samples are summed per thread and, for the
+"""Where one short request's time goes: first by stage, from the server's own timing headers
+(one client, the benchmark's shortest text, each request timed by the client too); then py-spy
+samples `headwise serve` under the same load and sums the samples per thread and, for the
 event-loop thread, per package.
 
-python -m bench.profile --bundle B [--seconds 12] [--raw FILE]
+python -m bench.profile --bundle B [--seconds 12] [--raw FILE] [--no-spy]
 
 py-spy (in the `bench` extra) needs ptrace rights over the server: root, or
 kernel.yama.ptrace_scope=0. Wall-clock samples, idle included: a thread's share is the time it
@@ -15,10 +16,14 @@ import argparse
 import asyncio
 import re
 import shutil
+import socket
+import statistics
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from bench import baselines, corpus
 from bench.loadgen import build_requests, run_load
@@ -58,11 +63,56 @@ def summarise(raw: str, requests: int, seconds: float) -> str:
     return "\n".join(lines)
 
 
+STAGES = ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time")
+
+
+def timed_requests(url: str, request: bytes, n: int, warm: int = 100) -> list[dict[str, float]]:
+    """n requests, one at a time on one connection: the client's ms and the server's headers."""
+    parts = urlsplit(url)
+    rows = []
+    with socket.create_connection((parts.hostname, parts.port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stream = sock.makefile("rb")
+        for i in range(warm + n):
+            t0 = time.perf_counter()
+            sock.sendall(request)
+            stream.readline()
+            headers = {}
+            while (line := stream.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            stream.read(int(headers["content-length"]))
+            client_ms = (time.perf_counter() - t0) * 1e3
+            if i >= warm:
+                rows.append({"client": client_ms, **{k: float(headers[k]) for k in STAGES}})
+    return rows
+
+
+def stages(rows: list[dict[str, float]]) -> str:
+    """Medians per stage: the model's run, the app around it, and what lies outside the app
+    (the socket both ways, uvicorn's parsing, the client)."""
+    med = {k: statistics.median(r[k] for r in rows) for k in ("client", *STAGES)}
+    app = med["x-total-time"] - med["x-inference-time"] - med["x-queue-time"]
+    parts = [
+        ("model run (x-inference-time)", med["x-inference-time"]),
+        ("queued (x-queue-time)", med["x-queue-time"]),
+        ("tokenising (x-tokenization-time)", med["x-tokenization-time"]),
+        ("rest of the app: parse, route, pipeline, respond", app - med["x-tokenization-time"]),
+        ("outside the app: socket, uvicorn, client", med["client"] - med["x-total-time"]),
+    ]
+    lines = [f"{len(rows)} requests, medians; client-side total {med['client']:.3f} ms", ""]
+    lines += ["| stage | ms | share |", "| --- | ---: | ---: |"]
+    lines += [f"| {name} | {ms:.3f} | {ms / med['client'] * 100:.0f} % |" for name, ms in parts]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile")
     p.add_argument("--bundle", type=Path, default=Path("bundles/default"))
     p.add_argument("--seconds", type=int, default=12)
     p.add_argument("--raw", type=Path, default=Path("bench/results/profile.txt"))
+    p.add_argument("--requests", type=int, default=1000, help="for the stage table")
+    p.add_argument("--spy", action=argparse.BooleanOptionalAction, default=True)
     args = p.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     texts = corpus.sentences(512)
@@ -71,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     proc, url = launch(args.bundle, {"HEADWISE_ATTENTION_ENABLED": "false"})
     try:
         requests = build_requests(url, "/encode", [short])
+        print(stages(timed_requests(url, requests[0], args.requests)))  # noqa: T201 - output
+        if not args.spy:
+            return 0
         asyncio.run(run_load(url, requests, 1, 300))
         args.raw.parent.mkdir(parents=True, exist_ok=True)
         sampler = subprocess.Popen(
@@ -105,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(60)
+    print()  # noqa: T201
     print(summarise(args.raw.read_text(), sent, args.seconds))  # noqa: T201 - the summary is the output
     return 0
 

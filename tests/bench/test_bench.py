@@ -137,3 +137,23 @@ def test_profile_summary_splits_busy_time_by_thread_and_package():
     assert "| infer-encode | 50.0 % | 50.00 |" in table
     assert "| MainThread | 40.0 % | 40.00 |" in table
     assert "| uvicorn | 75.0 % |" in table and "| service/runtime.py | 25.0 % |" in table
+
+
+def test_profile_stages_split_the_client_time_from_the_server_headers():
+    from bench.profile import stages
+
+    rows = [
+        {
+            "client": 3.0 + d,
+            "x-tokenization-time": 0.1,
+            "x-queue-time": 0.05,
+            "x-inference-time": 2.0 + d,
+            "x-total-time": 2.6 + d,
+        }
+        for d in (0.0, 0.1, 0.2)
+    ]
+    table = stages(rows)
+    assert "client-side total 3.100 ms" in table
+    assert "| model run (x-inference-time) | 2.100 | 68 % |" in table
+    assert "| rest of the app: parse, route, pipeline, respond | 0.450 | 15 % |" in table
+    assert "| outside the app: socket, uvicorn, client | 0.400 | 13 % |" in table

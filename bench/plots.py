@@ -58,6 +58,7 @@ def draw(r: dict, stem: Path) -> list[Path]:
         ylim=(0, None),
     )
     ax.set_xticks(clients, [str(c) for c in clients])
+    ax.title.set_fontsize(10)  # the model's name can be long
     ax.legend(fontsize=8)
     fig.tight_layout()
     written.append(stem.with_name(stem.name + "-throughput.png"))
@@ -72,9 +73,10 @@ def draw(r: dict, stem: Path) -> list[Path]:
         yscale="log",
         xlabel="concurrent clients (one text per request)",
         ylabel="latency, ms",
-        title=f"HTTP /encode latency, fp32 · {title}",
+        title=f"/encode latency, fp32 · {title}",
     )
     ax.set_xticks(clients, [str(c) for c in clients])
+    ax.title.set_fontsize(10)  # the model's name can be long
     ax.legend(fontsize=8)
     fig.tight_layout()
     written.append(stem.with_name(stem.name + "-latency.png"))

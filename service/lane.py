@@ -2,8 +2,8 @@
 machinery (route matching, dependency solving, exit stacks, exception middleware).
 
 That machinery is ~60 µs a request on a warm CPU, but a request arrives right after inference
-has swept the caches, and there it measured 200-360 µs (fastapi, starlette and their wrappers,
-cold) against ~25 µs for a plain ASGI call: most of what one short text costs beyond its graph
+has swept the caches, and there it measured ~250 µs against ~30 µs for a plain ASGI call
+(`python -m bench.framework`): a third of what one short text cost beyond its graph
 call. The lane serves the same endpoint functions as FastAPI, with the same dependencies called
 directly, so each route's behaviour is written once; FastAPI still routes, documents (OpenAPI)
 and answers everything else. Whatever is outside the plain case (another content type, a body

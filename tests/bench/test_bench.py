@@ -157,3 +157,13 @@ def test_profile_stages_split_the_client_time_from_the_server_headers():
     assert "| model run (x-inference-time) | 2.100 | 68 % |" in table
     assert "| rest of the app: parse, route, pipeline, respond | 0.450 | 15 % |" in table
     assert "| outside the app: socket, uvicorn, client | 0.400 | 13 % |" in table
+
+
+def test_framework_bench_answers_every_way_with_200_warm_and_cold():
+    import asyncio
+
+    from bench.framework import measure
+
+    rows = asyncio.run(measure(calls=5, sweep_mb=1))  # raises unless every call answered 200
+    assert len(rows) == 3
+    assert all(v["warm_us"] > 0 and v["cold_us"] > 0 for v in rows.values())

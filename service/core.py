@@ -215,7 +215,8 @@ class Core:
             model = self.models[name]
             if capability not in model.capabilities:
                 raise WrongTask(
-                    f"model {name!r} is a {model.task} model: it serves {model.routes()}; "
+                    f"model {name!r} is {'an' if model.task[0] in 'aeiou' else 'a'} {model.task} "
+                    f"model: it serves {model.routes()}; "
                     f"{ROUTES[capability]} needs {WANTED[capability]}",
                     param="model",
                 )

@@ -1,5 +1,5 @@
-"""The hot lane: the POST routes clients call once per text, answered without FastAPI's request
-machinery (route matching, dependency solving, exit stacks, exception middleware).
+"""The hot lane: the POST routes that run a model (clients call them once per text or per
+query), answered without FastAPI's request machinery (route matching, dependency solving, exit stacks, exception middleware).
 
 That machinery is ~60 µs a request on a warm CPU, but a request arrives right after inference
 has swept the caches, and there it measured ~250 µs against ~30 µs for a plain ASGI call
@@ -25,10 +25,15 @@ from starlette.responses import Response
 from service.deps import client_gone, ready_core
 from service.errors import answer
 from service.middleware import ASGIApp, Receive, Scope, Send, replay
-from service.rerank_schemas import CohereV1RerankRequest, CohereV2RerankRequest, TeiRerankRequest
+from service.rerank_schemas import (
+    CohereV1RerankRequest,
+    CohereV2RerankRequest,
+    PredictRequest,
+    TeiRerankRequest,
+)
 from service.routes import embeddings, rerank, tei
 from service.schemas import EncodeRequest, OpenAIEmbeddingsRequest
-from service.tei_schemas import EmbedRequest
+from service.tei_schemas import EmbedAllRequest, EmbedRequest, SimilarityRequest
 
 Endpoint = Callable[[Any, Request, Any, Any], Awaitable[Response]]  # (body, request, core, gone)
 
@@ -44,7 +49,10 @@ ROUTES: dict[str, LaneRoute] = {
     "/encode": LaneRoute(EncodeRequest, embeddings.encode),
     "/v1/embeddings": LaneRoute(OpenAIEmbeddingsRequest, embeddings.openai_embeddings),
     "/embed": LaneRoute(EmbedRequest, tei.embed, tei.tei_dialect),
+    "/embed_all": LaneRoute(EmbedAllRequest, tei.embed_all, tei.tei_dialect),
+    "/similarity": LaneRoute(SimilarityRequest, tei.similarity, tei.tei_dialect),
     "/rerank": LaneRoute(TeiRerankRequest, rerank.rerank, tei.tei_dialect),
+    "/predict": LaneRoute(PredictRequest, rerank.predict, tei.tei_dialect),
     "/v1/rerank": LaneRoute(CohereV1RerankRequest, rerank.rerank_v1),
     "/v2/rerank": LaneRoute(CohereV2RerankRequest, rerank.rerank_v2),
 }

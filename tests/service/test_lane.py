@@ -50,6 +50,14 @@ CASES: list[tuple[str, bytes, dict[str, str]]] = [
     ("/embed", b'{"inputs": [[5, 6, 7]]}', JSON),
     ("/embed", b'{"inputs": 3}', JSON),
     ("/embed", b'{"inputs": "the cat", "model": "ranker"}', JSON),
+    ("/embed_all", b'{"inputs": ["the cat", "a dog and a fox"]}', JSON),
+    ("/embed_all", b'{"inputs": "the cat", "truncation_direction": "Sideways"}', JSON),
+    ("/similarity", b'{"inputs": {"source_sentence": "cat", "sentences": ["a dog", "cat"]}}', JSON),
+    ("/similarity", b'{"inputs": {"source_sentence": "cat", "sentences": []}}', JSON),
+    ("/predict", b'{"inputs": "the cat"}', JSON),
+    ("/predict", b'{"inputs": [["the cat", "a dog"]], "raw_scores": true}', JSON),
+    ("/predict", b'{"inputs": "the cat", "model": "embedder"}', JSON),
+    ("/predict", b'{"inputs": {"text": 3}}', JSON),
     ("/rerank", b'{"query": "the cat", "texts": ["a dog", "the cat"], "return_text": true}', JSON),
     ("/rerank", b'{"query": "the cat", "texts": []}', JSON),
     ("/rerank", b'{"query": "the cat"}', JSON),
@@ -63,7 +71,10 @@ def _app(lane: bool):
     embedder = FakeBackend(fake_manifest("embedder", prompts={"passage": "a "}))
     other = FakeBackend(fake_manifest("other", d=4))
     ranker = FakeBackend(fake_manifest("ranker", d=1, task="rerank", labels=["score"]))
-    return client_for(["a", "b", "c"], loader=fake_loader(embedder, other, ranker), lane=lane)
+    labels = ["neg", "neu", "pos"]
+    classifier = FakeBackend(fake_manifest("classifier", d=3, task="classify", labels=labels))
+    backends = fake_loader(embedder, other, ranker, classifier)
+    return client_for(["a", "b", "c", "d"], loader=backends, lane=lane)
 
 
 @pytest.fixture(scope="module")

@@ -233,6 +233,10 @@ def test_cors_is_closed_unless_configured(tiny_bundle, client):
     with client_for(tiny_bundle, cors_origins=["https://ok.example"]) as c:
         r = c.options("/encode", headers={**pre, "origin": "https://ok.example"})
         assert r.headers["access-control-allow-origin"] == "https://ok.example"
+        # the POST itself is answered by the hot lane, inside the CORS middleware
+        r = c.post("/encode", json={"inputs": "hi"}, headers={"origin": "https://ok.example"})
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "https://ok.example"
 
 
 def test_body_over_the_limit_is_413(tiny_bundle):

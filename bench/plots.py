@@ -57,13 +57,7 @@ def draw(r: dict, stem: Path) -> list[Path]:
         title=f"Throughput · {title}",
         ylim=(0, None),
     )
-    ax.set_xticks(clients, [str(c) for c in clients])
-    ax.title.set_fontsize(10)  # the model's name can be long
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(stem.with_name(stem.name + "-throughput.png"))
-    fig.savefig(written[-1])
-    plt.close(fig)
+    written.append(_save(plt, fig, ax, clients, stem.with_name(stem.name + "-throughput.png")))
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for key, marker in (("p50_ms", "o-"), ("p95_ms", "s-"), ("p99_ms", "^-")):
@@ -75,11 +69,16 @@ def draw(r: dict, stem: Path) -> list[Path]:
         ylabel="latency, ms",
         title=f"/encode latency, fp32 · {title}",
     )
+    written.append(_save(plt, fig, ax, clients, stem.with_name(stem.name + "-latency.png")))
+    return written
+
+
+def _save(plt, fig, ax, clients: list[int], path: Path) -> Path:
+    """Clients as the x ticks, a title that fits (a model's name can be long), legend, PNG."""
     ax.set_xticks(clients, [str(c) for c in clients])
-    ax.title.set_fontsize(10)  # the model's name can be long
+    ax.title.set_fontsize(10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    written.append(stem.with_name(stem.name + "-latency.png"))
-    fig.savefig(written[-1])
+    fig.savefig(path)
     plt.close(fig)
-    return written
+    return path

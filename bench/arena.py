@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.memory import peak_rss_bytes, rss_bytes
-from service.sessions import build_session, run_options
+from service.engine.memory import peak_rss_bytes, rss_bytes
+from service.engine.sessions import build_session, run_options
 
 CONFIGS = ("arena", "shrink", "off")
 SPEED_SHAPES = ((32, 16), (16, 64), (4, 256))

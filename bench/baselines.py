@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from service.sessions import build_session
+from service.engine.sessions import build_session
 from service.tensors import cosines, pad_batch
 
 

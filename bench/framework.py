@@ -23,7 +23,7 @@ import orjson
 from fastapi import Depends, FastAPI, Request
 from starlette.responses import Response
 
-from service.schemas import EncodeRequest
+from service.api.native.schemas import EncodeRequest
 
 BODY = orjson.dumps({"inputs": "This temporary change affects other threads."})
 OK = b'{"ok":true}'

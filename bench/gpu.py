@@ -37,7 +37,7 @@ from bench import baselines, corpus
 from bench.loadgen import build_requests, run_load
 from bench.server import launch
 from service.bundle import load_bundle
-from service.sessions import CPU, CUDA, build_session
+from service.engine.sessions import CPU, CUDA, build_session
 from service.tensors import cosines
 
 log = logging.getLogger("bench.gpu")

@@ -110,7 +110,7 @@ if mode == "export":
 else:
     import onnxruntime
 
-    import service.app  # noqa: F401  the whole service imports
+    import service.http.app  # noqa: F401  the whole service imports
 
     if importlib.util.find_spec("torch") is not None:
         sys.exit(f"{mode}: torch is installed in a service environment")

@@ -19,8 +19,8 @@ from export import optimize, quality, verify
 from export.onnx import OPSET, export_attention, export_serving, graph_inputs
 from models.weights import LoadedModel
 from service.bundle import MANIFEST, sha256_file
+from service.engine.sessions import build_session
 from service.manifest import FileEntry, GraphEntry, Manifest, Precision, Source, SpecialTokens
-from service.sessions import build_session
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from service.bundle import sha256_file
+from service.engine.sessions import build_session
 from service.manifest import RetrievalQuality
-from service.sessions import build_session
 from service.tensors import cosines, l2_normalize, pad_batch
 
 log = logging.getLogger(__name__)

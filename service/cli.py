@@ -21,7 +21,7 @@ def _export(argv: list[str]) -> int:
 
 
 def _serve(argv: list[str]) -> int:
-    from service.server import serve_command
+    from service.http.server import serve_command
 
     p = argparse.ArgumentParser(prog="headwise serve", description="Serve a bundle over HTTP.")
     p.add_argument(

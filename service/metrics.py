@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from service.memory import peak_rss_bytes
+from service.engine.memory import peak_rss_bytes
 
 # Geometric buckets: 100 µs ... ~60 s, ×2 per step.
 DURATION_BUCKETS = tuple(round(0.0001 * 2**i, 6) for i in range(20))
@@ -102,6 +102,7 @@ class Metrics:
         )
         self.inflight = Gauge("headwise_inflight_requests", "Requests being handled", registry=r)
         self.finished = 0  # requests answered (a plain count: the heap trimmer's idle test)
+        self.active = 0  # requests in flight (a plain count: the drain waits for 0)
         self.info = Gauge(
             "headwise_model_info",
             "The served model and where it runs (value 1)",

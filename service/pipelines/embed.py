@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.batcher import DynamicBatcher
+from service.engine.runtime import Backend, Side
 from service.errors import InvalidInput, PayloadTooLarge, WrongTask
-from service.metrics import Metrics
-from service.pipelines.common import (
-    Disconnect,
-    Timings,
+from service.pipelines.base import (
+    Intake,
+    Prepared,
     as_list,
     check_ids,
     check_texts,
     postprocess,
-    tokenized,
-    wait_all,
 )
-from service.runtime import Backend, Direction
+from service.pipelines.call import Call, Timings
 from service.settings import Settings
+
+Input = str | list[int]  # a text, or the model's own token ids (TEI allows them)
 
 
 @dataclass
@@ -31,25 +29,32 @@ class Encoded:
     timings: Timings = field(default_factory=Timings)
 
 
+@dataclass(frozen=True)
+class Tokenizing:
+    """How inputs become token ids: cut at the model's length (or refused), from which side."""
+
+    truncate: bool = True
+    side: Side = "right"
+    prompt_name: str | None = None
+
+
 class EmbedPipeline:
     def __init__(
         self,
-        name: str,
         backend: Backend,
-        batcher: DynamicBatcher,
+        intake: Intake,
         settings: Settings,
-        metrics: Metrics,
-        token_batcher: DynamicBatcher | None = None,
+        tokens: Intake | None = None,
     ) -> None:
         self.backend = backend
-        self.batcher = batcher
-        self.token_batcher = token_batcher  # TEI's /embed_all: unpooled last-layer vectors
+        self.intake = intake
+        self.tokens = tokens  # TEI's /embed_all: unpooled last-layer vectors
         self.settings = settings
         self.manifest = backend.manifest
-        self._tokenization = metrics.tokenization_duration.labels("encode", name)
-        self._queue = metrics.queue_duration.labels("encode", name)
-        self._truncated = metrics.truncated.labels("encode", name)
-        self._length = metrics.input_length.labels("encode", name)
+
+    @property
+    def batcher(self):  # noqa: ANN201 - the serving batcher (tests, /info)
+        return self.intake.batcher
 
     @property
     def dimensions(self) -> int:
@@ -74,7 +79,7 @@ class EmbedPipeline:
             )
         return prompts[prompt_name]
 
-    def prompted(self, inputs: list, prompt_name: str | None) -> list:
+    def prompted(self, inputs: list[Input], prompt_name: str | None) -> list[Input]:
         """Texts with the prompt prepended (sentence-transformers' way); token ids as given."""
         prefix = self.prompt(prompt_name)
         if not prefix:
@@ -82,8 +87,8 @@ class EmbedPipeline:
         return [prefix + t if isinstance(t, str) else t for t in inputs]
 
     def validate(
-        self, inputs: str | list[str] | list[str | list[int]], param: str, dimensions: int | None = None
-    ) -> list[str | list[int]]:
+        self, inputs: str | list[str] | list[Input], param: str, dimensions: int | None = None
+    ) -> list[Input]:
         """Every check that needs no tokenizer, before anything is queued."""
         texts = as_list(inputs, param)
         check_texts([t for t in texts if isinstance(t, str)], self.settings, param)
@@ -92,15 +97,10 @@ class EmbedPipeline:
         self.check_dimensions(dimensions)
         return texts
 
-    async def sequences(
-        self, inputs: list[str | list[int]], truncate: bool, direction: Direction
-    ) -> tuple[list[list[int]], int, float]:
-        """Token ids per input (texts tokenised, id arrays as given), truncated or refused;
-        also how many were truncated and the tokenisation time."""
+    async def _sequences(self, call: Call, inputs: list[Input], how: Tokenizing) -> Prepared:
+        """Token ids per input (texts tokenised, id arrays as given), truncated or refused."""
         texts = [t for t in inputs if isinstance(t, str)]
-        encodings, seconds = await tokenized(
-            self.backend.tokenize, texts, sum(map(len, texts)), True, direction
-        )
+        encodings, _ = await call.tokenize(self.backend.tokenize, texts, True, how.side)
         limit = self.manifest.max_length
         out: list[list[int]] = []
         truncated = 0
@@ -111,95 +111,55 @@ class EmbedPipeline:
                 cut, ids = bool(e.overflowing), e.ids
             else:
                 cut = len(item) > limit
-                ids = (item[:limit] if direction == "right" else item[-limit:]) if cut else item
-            if cut and not truncate:
-                await self._too_long(item, i)
+                ids = (item[:limit] if how.side == "right" else item[-limit:]) if cut else item
+            if cut and not how.truncate:
+                await self._too_long(call, item, i)
             truncated += cut
             out.append(ids)
-        return out, truncated, seconds
+        return Prepared(out, truncated=truncated)
 
-    async def embed(
-        self,
-        inputs: list[str | list[int]],
-        *,
-        truncate: bool = True,
-        normalize: bool | None = None,
-        dimensions: int | None = None,
-        prompt_name: str | None = None,
-        direction: Direction = "right",
-        disconnect: Disconnect | None = None,
-    ) -> Encoded:
-        """normalize None: the model's own default (its sentence-transformers Normalize)."""
-        inputs = self.prompted(inputs, prompt_name)
-        timeout_s = self.settings.request_timeout_s
-        # Before tokenising (which takes a second for 2,048 long texts): every word is a token
-        # at least, so a request refused on that bound is refused at once.
-        self.batcher.admit(self._at_least(inputs), timeout_s)
-        self.batcher.arriving += 1
-        try:
-            sequences, truncated, tokenization_s = await self.sequences(
-                inputs, truncate, direction
-            )
-            self.batcher.admit([len(s) for s in sequences], timeout_s)
-            items = self.batcher.submit(sequences, self.settings.request_timeout_s)
-        finally:
-            self.batcher.arriving -= 1
-        self._tokenization.observe(tokenization_s)
-        if truncated:
-            self._truncated.inc(truncated)
-        rows = await wait_all(
-            [it.future for it in items], self.settings.request_timeout_s, disconnect
-        )
-        timings = Timings(
-            tokenization_s,
-            max(it.queue_s for it in items),
-            max(it.inference_s for it in items),
-        )
-        self._queue.observe(timings.queue_s)
-        tokens = [len(s) for s in sequences]
-        for n in tokens:
-            self._length.observe(n)
-        if normalize is None:
-            normalize = self.manifest.normalize
-        return Encoded(postprocess(np.stack(rows), normalize, dimensions), tokens, timings)
-
-    def _at_least(self, inputs: list[str | list[int]]) -> list[int]:
-        """A lower bound on each input's tokens, without the tokenizer."""
+    def _at_least(self, inputs: list[Input]) -> list[int]:
+        """A lower bound on each input's tokens, without the tokenizer (every word is one)."""
         limit = self.manifest.max_length
         return [min(limit, len(t.split()) if isinstance(t, str) else len(t)) for t in inputs]
 
-    async def _too_long(self, item: str | list[int], i: int) -> None:
-        if isinstance(item, str):
-            loop = asyncio.get_running_loop()
-            n = await loop.run_in_executor(None, self.backend.count_tokens, item)
-        else:
-            n = len(item)
+    async def embed(
+        self,
+        call: Call,
+        inputs: list[Input],
+        how: Tokenizing = Tokenizing(),
+        normalize: bool | None = None,
+        dimensions: int | None = None,
+    ) -> Encoded:
+        """normalize None: the model's own default (its sentence-transformers Normalize)."""
+        inputs = self.prompted(inputs, how.prompt_name)
+        ran = await self.intake.run(
+            call, lambda: self._sequences(call, inputs, how), at_least=self._at_least(inputs)
+        )
+        if normalize is None:
+            normalize = self.manifest.normalize
+        vectors = postprocess(np.stack(ran.rows), normalize, dimensions)
+        return Encoded(vectors, ran.lengths, ran.timings)
+
+    async def token_embeddings(
+        self, call: Call, inputs: list[Input], how: Tokenizing = Tokenizing()
+    ) -> list[np.ndarray]:
+        """Per input, its tokens' last-layer vectors (n_i, d), padding removed."""
+        if self.tokens is None:
+            raise WrongTask(
+                f"{self.manifest.name}'s bundle has no token-embedding output: re-export it with "
+                "this headwise to serve TEI's embed_all",
+            )
+        inputs = self.prompted(inputs, how.prompt_name)
+        ran = await self.tokens.run(
+            call, lambda: self._sequences(call, inputs, how), at_least=self._at_least(inputs)
+        )
+        return [row[:n] for row, n in zip(ran.rows, ran.lengths, strict=True)]
+
+    async def _too_long(self, call: Call, item: Input, i: int) -> None:
+        n = await call.offload(self.backend.count_tokens, item) if isinstance(item, str) else len(item)
         raise PayloadTooLarge(
             f"input {i} has {n} tokens; the model's limit is {self.manifest.max_length} "
             "(send truncate: true to cut it)",
             param="truncate",
         )
-
-    async def token_embeddings(
-        self,
-        inputs: list[str | list[int]],
-        *,
-        truncate: bool = True,
-        prompt_name: str | None = None,
-        direction: Direction = "right",
-        disconnect: Disconnect | None = None,
-    ) -> list[np.ndarray]:
-        """Per input, its tokens' last-layer vectors (n_i, d), padding removed."""
-        if self.token_batcher is None:
-            raise WrongTask(
-                f"{self.manifest.name}'s bundle has no token-embedding output: re-export it with "
-                "this headwise to serve /embed_all",
-            )
-        inputs = self.prompted(inputs, prompt_name)
-        sequences, _, _ = await self.sequences(inputs, truncate, direction)
-        self.token_batcher.admit([len(s) for s in sequences], self.settings.request_timeout_s)
-        items = self.token_batcher.submit(sequences, self.settings.request_timeout_s)
-        rows = await wait_all(
-            [it.future for it in items], self.settings.request_timeout_s, disconnect
-        )
-        return [row[: len(seq)] for row, seq in zip(rows, sequences, strict=True)]

@@ -4,20 +4,21 @@ A reranker (one logit) scores a pair with sigmoid(logit); a classifier (several 
 every label a probability: softmax over labels, or a sigmoid each when the model was trained
 multi-label. Pairs are tokenised as the model was trained (the bundle's tokenizer: [CLS] a
 [SEP] b [SEP] with token types, or <s> a </s></s> b </s>), truncated longest-first, and go
-through the dynamic batcher one sequence each, mixed with other requests' pairs.
+through the intake one sequence each (admitted by capacity, batched with other requests').
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from tokenizers import Encoding
 
-from service.batcher import DynamicBatcher
+from service.engine.runtime import Backend
 from service.errors import PayloadTooLarge
-from service.metrics import Metrics
-from service.pipelines.common import Disconnect, Timings, check_texts, tokenized, wait_all
-from service.runtime import Backend
+from service.pipelines.base import Intake, Prepared, check_texts
+from service.pipelines.call import Call, Timings
 from service.settings import Settings
 
 Item = str | tuple[str, str]
@@ -39,20 +40,27 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def ranked(scores: Sequence[float] | np.ndarray, top_n: int | None = None) -> list[int]:
+    """Indices, best score first (stable for ties), at most top_n."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    return order[:top_n] if top_n else order
+
+
+def _texts(items: list[Item]) -> list[str]:
+    return [t for it in items for t in ((it,) if isinstance(it, str) else it)]
+
+
 class ScorePipeline:
-    def __init__(
-        self, name: str, backend: Backend, batcher: DynamicBatcher, settings: Settings, metrics: Metrics
-    ) -> None:
-        self.name = name
+    def __init__(self, backend: Backend, intake: Intake, settings: Settings) -> None:
         self.backend = backend
-        self.batcher = batcher
+        self.intake = intake
         self.settings = settings
         self.manifest = backend.manifest
         self.types = "token_type_ids" in self.manifest.inputs
-        path = self.manifest.task
-        self._tokenization = metrics.tokenization_duration.labels(path, name)
-        self._queue = metrics.queue_duration.labels(path, name)
-        self._truncated = metrics.truncated.labels(path, name)
+
+    @property
+    def batcher(self):  # noqa: ANN201 - the serving batcher (tests, /info)
+        return self.intake.batcher
 
     @property
     def labels(self) -> list[str]:
@@ -64,69 +72,47 @@ class ScorePipeline:
             raise PayloadTooLarge(
                 f"{param} has {len(items)} items; the limit is {limit} per request", param=param
             )
-        texts = [t for it in items for t in ((it,) if isinstance(it, str) else it)]
-        check_texts(texts, self.settings, param)
+        check_texts(_texts(items), self.settings, param, limit=len(_texts(items)))
 
-    async def cut_documents(self, documents: list[str], max_tokens: int) -> list[str]:
+    async def cut_documents(self, call: Call, documents: list[str], max_tokens: int) -> list[str]:
         """Each document cut to its first `max_tokens` tokens (Cohere's max_tokens_per_doc)."""
-        encodings, _ = await tokenized(
-            self.backend.tokenize, documents, sum(map(len, documents)), False
-        )
+        encodings, _ = await call.tokenize(self.backend.tokenize, documents, False)
         return [
             doc[: enc.offsets[max_tokens - 1][1]] if len(enc.ids) > max_tokens else doc
             for doc, enc in zip(documents, encodings, strict=True)
         ]
 
-    async def score(
-        self,
-        items: list[Item],
-        truncate: bool = True,
-        disconnect: Disconnect | None = None,
-    ) -> Scored:
-        """Raw logits per item (a text or a pair), in order."""
+    async def _sequences(self, call: Call, items: list[Item], truncate: bool) -> Prepared:
         singles = [i for i, it in enumerate(items) if isinstance(it, str)]
         pairs = [i for i, it in enumerate(items) if not isinstance(it, str)]
-        chars = sum(len(t) for it in items for t in ((it,) if isinstance(it, str) else it))
-        self.batcher.arriving += 1
-        try:
-            encodings: list = [None] * len(items)
-            seconds = 0.0
-            if singles:
-                found, s = await tokenized(self.backend.tokenize, [items[i] for i in singles], chars)
-                seconds += s
-                for i, e in zip(singles, found, strict=True):
+        encodings: list[Encoding | None] = [None] * len(items)
+        for chosen, fn in ((singles, self.backend.tokenize), (pairs, self.backend.tokenize_pairs)):
+            if chosen:
+                found, _ = await call.tokenize(fn, [items[i] for i in chosen])
+                for i, e in zip(chosen, found, strict=True):
                     encodings[i] = e
-            if pairs:
-                found, s = await tokenized(
-                    self.backend.tokenize_pairs, [items[i] for i in pairs], chars
-                )
-                seconds += s
-                for i, e in zip(pairs, found, strict=True):
-                    encodings[i] = e
-            cut = [i for i, e in enumerate(encodings) if e.overflowing]
-            if cut and not truncate:
-                raise PayloadTooLarge(
-                    f"input {cut[0]} has more than {self.manifest.max_length} tokens, the model's "
-                    "limit (send truncate: true to cut the longest text of each pair first)",
-                    param="truncate",
-                )
-            sequences = [e.ids for e in encodings]
-            types = [e.type_ids for e in encodings] if self.types else None
-            queued = self.batcher.submit(sequences, self.settings.request_timeout_s, types)
-        finally:
-            self.batcher.arriving -= 1
-        self._tokenization.observe(seconds)
-        if cut:
-            self._truncated.inc(len(cut))
-        rows = await wait_all(
-            [it.future for it in queued], self.settings.request_timeout_s, disconnect
+        done = [e for e in encodings if e is not None]
+        cut = [i for i, e in enumerate(done) if e.overflowing]
+        if cut and not truncate:
+            raise PayloadTooLarge(
+                f"input {cut[0]} has more than {self.manifest.max_length} tokens, the model's "
+                "limit (send truncate: true to cut the longest text of each pair first)",
+                param="truncate",
+            )
+        types = [e.type_ids for e in done] if self.types else None
+        return Prepared([e.ids for e in done], types, truncated=len(cut))
+
+    def _at_least(self, items: list[Item]) -> list[int]:
+        limit = self.manifest.max_length
+        return [min(limit, sum(len(t.split()) for t in _texts([it]))) for it in items]
+
+    async def score(self, call: Call, items: list[Item], truncate: bool = True) -> Scored:
+        """Raw logits per item (a text or a pair), in order."""
+        ran = await self.intake.run(
+            call, lambda: self._sequences(call, items, truncate), at_least=self._at_least(items)
         )
-        timings = Timings(
-            seconds, max(it.queue_s for it in queued), max(it.inference_s for it in queued)
-        )
-        self._queue.observe(timings.queue_s)
-        logits = np.stack(rows).astype(np.float64)
-        return Scored(logits, [len(s) for s in sequences], timings)
+        logits = np.stack(ran.rows).astype(np.float64)
+        return Scored(logits, ran.lengths, ran.timings)
 
     def relevance(self, logits: np.ndarray, raw: bool = False) -> np.ndarray:
         """A reranker's score per pair: sigmoid(logit), or the logit itself."""

@@ -87,7 +87,7 @@ def test_cpu_mode_installs_a_serving_service_without_torch(tmp_path, tiny_bundle
     assert "headwise cpu environment OK" in done.stdout
 
     # Imported from the venv's site-packages, not from a source folder.
-    where = venv_python(venv, "import service.app, service; print(service.__file__)", tmp_path)
+    where = venv_python(venv, "import service.http.app, service; print(service.__file__)", tmp_path)
     assert where.returncode == 0, where.stderr
     assert Path(where.stdout.strip()).is_relative_to(venv)
     no_torch = venv_python(venv, "import torch", tmp_path)

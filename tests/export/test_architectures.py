@@ -18,8 +18,8 @@ from tokenizers import Tokenizer
 
 from export import verify
 from export.cli import main as export_cli
+from service.engine.sessions import build_session
 from service.manifest import Manifest
-from service.sessions import build_session
 from service.tensors import cosines
 
 TINY = {

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer
 
 from export.cli import main as export_cli
-from service.sessions import build_session
+from service.engine.sessions import build_session
 from tests.export.test_architectures import export, feeds, save_checkpoint, transformers_model
 
 PAIRS = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
+from service.http.app import create_app
 from service.settings import Settings
 
 
@@ -25,7 +25,7 @@ def client_for(
     app = create_app(Settings(**overrides), loader=loader, lane=lane)
     with TestClient(app) as client:
         if wait_ready:
-            client.portal.call(app.state.core.wait_ready)
+            client.portal.call(app.state.registry.wait_ready)
         yield client
 
 

@@ -11,9 +11,9 @@ import threading
 import numpy as np
 from tokenizers import Encoding, Tokenizer, models, pre_tokenizers, processors
 
-from service.core import ModelSpec
+from service.engine.runtime import RuntimeInfo
 from service.manifest import FileEntry, GraphEntry, Manifest, Parity, Source, SpecialTokens
-from service.runtime import RuntimeInfo
+from service.registry import ModelSpec
 from service.settings import Settings
 from service.tensors import Batch
 

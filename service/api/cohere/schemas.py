@@ -1,0 +1,83 @@
+"""Cohere's rerank requests and answers (v1, which Jina's also is, and v2). Compatibility
+shapes: unknown fields are ignored; defaults are Cohere's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, StrictBool, StrictInt
+
+from service.api.fields import Compat, ModelName, Text
+
+
+class Document(Compat):
+    text: Text
+
+
+class RerankV1Request(Compat):
+    """Cohere's v1 and Jina's: documents are strings or {"text": ...}."""
+
+    model: ModelName = None
+    query: Text
+    documents: Annotated[list[Text | Document], Field(min_length=1)]
+    top_n: Annotated[StrictInt, Field(ge=1)] | None = None
+    return_documents: StrictBool | None = None  # Cohere v1: false; Jina: true (both honoured)
+
+    def texts(self) -> list[str]:
+        return [d.text if isinstance(d, Document) else d for d in self.documents]
+
+
+class RerankV2Request(Compat):
+    model: Text  # required by Cohere's v2 API; any name works with one reranker served
+    query: Text
+    documents: Annotated[list[Text], Field(min_length=1)]
+    top_n: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_tokens_per_doc: Annotated[StrictInt, Field(ge=1)] = 4096
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class ApiVersion(BaseModel):
+    version: str
+
+
+class BilledUnits(BaseModel):
+    search_units: int | None = None
+
+
+class Tokens(BaseModel):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class Meta(BaseModel):
+    api_version: ApiVersion | None = None
+    billed_units: BilledUnits | None = None
+    tokens: Tokens | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class RerankV1Response(BaseModel):
+    id: str
+    results: list[RerankResult]
+    model: str | None = None
+    usage: RerankUsage | None = None
+    meta: Meta | None = None
+
+
+class RerankV2Response(BaseModel):
+    id: str
+    results: list[RerankResult]
+    meta: Meta | None = None
+    object: Literal["rerank"] | None = None

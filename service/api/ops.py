@@ -1,0 +1,161 @@
+"""What operators and orchestrators call: liveness, readiness, Prometheus metrics, and /info
+(the served models, where they run, the limits; with TEI's Info fields for the model that
+answers the route a TEI client is about to call)."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+from starlette.responses import Response
+
+from service import __version__
+from service.api.context import Context
+from service.api.tei.info import Info, tei_info
+from service.errors import InvalidInput
+from service.registry import Capability, Model
+from service.settings import Settings
+
+CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
+
+
+class Status(BaseModel):
+    status: str
+
+
+async def health(ctx: Context, body: None = None) -> Response:
+    return ctx.respond({"status": "ok"})
+
+
+async def ready(ctx: Context, body: None = None) -> Response:
+    registry = ctx.registry
+    if not registry.ready:
+        status = "failed" if registry.load_error else "loading"
+        if registry.drain.draining:
+            status = "draining"
+        response = ctx.respond({"status": status}, status=503)
+        response.headers["retry-after"] = "2"
+        return response
+    return ctx.respond({"status": "ready"})
+
+
+async def metrics(ctx: Context, body: None = None) -> Response:
+    return Response(generate_latest(ctx.registry.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
+    m, runtime = model.backend.manifest, model.backend.info
+    return {
+        "name": model.name,
+        "task": m.task,
+        "architecture": m.architecture,
+        "source": m.source.model_dump(exclude_none=True),
+        "dimensions": m.dimensions,
+        "num_layers": m.num_layers,
+        "num_heads": m.num_heads,
+        "max_length": m.max_length,
+        "pooling": m.pooling,
+        "normalize_default": m.normalize,
+        "prompts": sorted(m.prompts),
+        "labels": m.labels,
+        "routes": routes,
+        "providers": runtime.providers,
+        "device": runtime.device,
+        "graph": runtime.graph,
+        "precision": runtime.precision,
+        "fused": m.graphs[runtime.graph].fused,
+        "fused_ops": m.graphs[runtime.graph].op_counts,
+        "graph_bytes": {key: g.bytes for key, g in m.graphs.items()},
+        "tei": tei_info(model, settings),
+    }
+
+
+def limits(s: Settings) -> dict[str, Any]:
+    return {
+        "max_inputs": s.max_inputs,
+        "max_input_chars": s.max_input_chars,
+        "max_body_bytes": s.max_body_bytes,
+        "max_batch_tokens": s.max_batch_tokens,
+        "max_batch_size": s.max_batch_size,
+        "max_wait_ms": s.max_wait_ms,
+        "max_queue_texts": s.max_queue_texts,
+        "request_timeout_s": s.request_timeout_s,
+        "attention_max_tokens": s.attention_max_tokens,
+        "attention_max_numbers": s.attention_max_numbers,
+        "attention_budget_numbers": s.attention_budget_numbers,
+        "attention_cpu_share": s.attention_cpu_share,
+        "capacity_tokens_per_s": s.capacity_tokens_per_s,
+    }
+
+
+class ServedModel(BaseModel):
+    name: str
+    task: str
+    architecture: str
+    dimensions: int
+    num_layers: int
+    num_heads: int
+    max_length: int
+    routes: str
+    tei: Info
+
+
+class InfoResponse(Info):
+    """TEI's Info (for the model that answers the asked route, else the first), then headwise's:
+    every model, which model answers each route, the limits, memory and capacity."""
+
+    model: str
+    models: list[ServedModel]
+    served_by: dict[str, str]
+    attention_enabled: bool
+    limits: dict[str, float | int]
+    version: str
+
+
+def _chosen(ctx: Context) -> Model:
+    """`?model=NAME`, or `?route=PATH` (the model that answers it), else the first model."""
+    params = ctx.request.query_params
+    registry = ctx.registry
+    if (name := params.get("model")) is not None:
+        if name not in registry.models:
+            raise InvalidInput(
+                f"model {name!r} is not served here; served: {', '.join(registry.models)}",
+                param="model",
+            )
+        return registry.models[name]
+    if (path := params.get("route")) is not None:
+        for capability in CAPABILITIES:
+            if path in registry.routes_of(capability):
+                return registry.pick(None, capability)
+        raise InvalidInput(f"route {path!r} does not run a model", param="route")
+    return registry.first
+
+
+async def info(ctx: Context, body: None = None) -> Response:
+    registry, s = ctx.registry, ctx.settings
+    chosen = _chosen(ctx)
+    models = [describe(m, registry.routes_of_model(m), s) for m in registry]
+    served_by: dict[str, str] = {}
+    for capability in CAPABILITIES:
+        candidates = [m for m in registry if capability in m.capabilities]
+        for path in registry.routes_of(capability) if candidates else ():
+            served_by.setdefault(path, candidates[0].name)
+    first = next(m for m in models if m["name"] == chosen.name)
+    payload = {
+        **tei_info(chosen, s),  # TEI's Info fields: TEI clients read them
+        "model": chosen.name,
+        **{k: v for k, v in first.items() if k not in ("name", "tei")},
+        "models": models,
+        "served_by": served_by,
+        "attention_enabled": s.attention_enabled,
+        "limits": limits(s),
+        "memory": {"config": s.memory, **registry.memory()},
+        "capacity_tokens_per_s": {
+            m.name: round(m.embed.batcher.throughput.tokens_per_s, 1)
+            for m in registry
+            if m.embed is not None
+        },
+        "version": __version__,
+    }
+    return ctx.respond(payload)

@@ -1,0 +1,255 @@
+"""THE declaration: every route headwise serves, once.
+
+FastAPI's routes and the OpenAPI document, the hot lane, the open paths, the metrics' endpoint
+labels, each path's error dialect and "which routes does this model serve" are all derived from
+this list (`service/api/declaration.py`). Adding a route is one entry here plus its handler in
+its dialect's package. `tests/service/api/test_routes.py` checks that the app serves exactly
+what is declared, and that no other file of the service names a path.
+"""
+
+from __future__ import annotations
+
+from service.api import cohere, native, openai, ops, tei
+from service.api.cohere import handlers as cohere_handlers
+from service.api.cohere import schemas as cohere_schemas
+from service.api.declaration import Route, RouteTable, Variant
+from service.api.native import handlers as native_handlers
+from service.api.native import schemas as native_schemas
+from service.api.openai import handlers as openai_handlers
+from service.api.openai import schemas as openai_schemas
+from service.api.tei import handlers as tei_handlers
+from service.api.tei import schemas as tei_schemas
+from service.api.tei.info import Info
+
+HEADWISE, OPENAI, TEI, COHERE = native.DIALECT, openai.DIALECT, tei.DIALECT, cohere.DIALECT
+
+
+def one(request: object, handler: object, response: object) -> tuple[Variant, ...]:
+    return (Variant(request, handler, response),)  # type: ignore[arg-type]
+
+
+ROUTES: tuple[Route, ...] = (
+    # --- headwise's own ---------------------------------------------------------------------
+    Route(
+        "/encode",
+        HEADWISE,
+        one(native_schemas.EncodeRequest, native_handlers.encode, native_schemas.EncodeResponse),
+        capability="embed",
+        lane=True,
+        summary="Embed one text or a list of texts",
+    ),
+    Route(
+        "/tokenize/details",
+        HEADWISE,
+        one(
+            native_schemas.TokenizeDetailsRequest,
+            native_handlers.tokenize_details,
+            native_schemas.TokenizeDetailsResponse,
+        ),
+        capability="tokenize",
+        summary="headwise's tokenisation: tokens, ids, offsets, special flags, truncation, model",
+    ),
+    Route(
+        "/attention",
+        HEADWISE,
+        one(
+            native_schemas.AttentionRequest,
+            native_handlers.attention,
+            native_schemas.AttentionResponse,
+        ),
+        capability="attention",
+        feature="attention",
+        summary="Attention maps, head statistics and token importance (JSON, or a PNG grid)",
+        media_type="image/png",
+    ),
+    Route(
+        "/attention/view",
+        HEADWISE,
+        one(None, native_handlers.attention_view, None),
+        method="GET",
+        open=True,
+        feature="attention",
+        summary="A page to look at the maps",
+        media_type="text/html",
+    ),
+    # --- operations -------------------------------------------------------------------------
+    Route(
+        "/health",
+        HEADWISE,
+        one(None, ops.health, ops.Status),
+        method="GET",
+        open=True,
+        summary="Liveness: the process answers",
+    ),
+    Route(
+        "/ready",
+        HEADWISE,
+        one(None, ops.ready, ops.Status),
+        method="GET",
+        open=True,
+        summary="Readiness: 200 once every model is loaded and warm, 503 while loading or draining",
+        errors=(503,),
+    ),
+    # Triton's paths, for load balancers configured for it.
+    Route(
+        "/v2/health/live",
+        HEADWISE,
+        one(None, ops.health, ops.Status),
+        method="GET",
+        open=True,
+        documented=False,
+    ),
+    Route(
+        "/v2/health/ready",
+        HEADWISE,
+        one(None, ops.ready, ops.Status),
+        method="GET",
+        open=True,
+        documented=False,
+        errors=(503,),
+    ),
+    Route(
+        "/metrics",
+        HEADWISE,
+        one(None, ops.metrics, None),
+        method="GET",
+        open=True,
+        summary="Prometheus metrics (text format)",
+        media_type="text/plain",
+    ),
+    Route(
+        "/info",
+        HEADWISE,
+        one(None, ops.info, ops.InfoResponse),
+        method="GET",
+        summary="The models, where they run, the limits; TEI's Info for ?model= or ?route=",
+    ),
+    # --- OpenAI -----------------------------------------------------------------------------
+    Route(
+        "/v1/embeddings",
+        OPENAI,
+        one(
+            openai_schemas.EmbeddingsRequest,
+            openai_handlers.embeddings,
+            openai_schemas.EmbeddingsResponse,
+        ),
+        capability="embed",
+        lane=True,
+        summary="OpenAI-compatible embeddings",
+    ),
+    Route(
+        "/v1/models",
+        OPENAI,
+        one(None, openai_handlers.models, openai_schemas.ModelList),
+        method="GET",
+        summary="OpenAI-compatible model list",
+    ),
+    Route(
+        "/v1/models/{model_id:path}",
+        OPENAI,
+        one(None, openai_handlers.model, openai_schemas.ModelCard),
+        method="GET",
+        summary="One model (OpenAI); ids may contain '/'",
+        errors=(404,),
+    ),
+    # --- TEI --------------------------------------------------------------------------------
+    Route(
+        "/embed",
+        TEI,
+        one(tei_schemas.EmbedRequest, tei_handlers.embed, tei_schemas.EmbedResponse),
+        capability="embed",
+        lane=True,
+        summary="TEI: embed text(s) -> [[float]]",
+    ),
+    Route(
+        "/",
+        TEI,
+        one(
+            tei_schemas.EmbedRequest | tei_schemas.RerankRequest | tei_schemas.PredictRequest,
+            tei_handlers.root,
+            tei_schemas.EmbedResponse | tei_schemas.RerankResponse | tei_schemas.PredictResponse,
+        ),
+        ready=True,
+        summary="TEI: the first model's own route (embed, rerank or predict), with its body",
+    ),
+    Route(
+        "/embed_all",
+        TEI,
+        one(tei_schemas.EmbedAllRequest, tei_handlers.embed_all, tei_schemas.EmbedAllResponse),
+        capability="embed",
+        lane=True,
+        summary="TEI: token embeddings, unpooled -> [[[float]]]",
+    ),
+    Route(
+        "/similarity",
+        TEI,
+        one(tei_schemas.SimilarityRequest, tei_handlers.similarity, tei_schemas.SimilarityResponse),
+        capability="embed",
+        lane=True,
+        summary="TEI: cosine of a source sentence to each sentence",
+    ),
+    Route(
+        "/embed_sparse",
+        TEI,
+        one(None, tei_handlers.embed_sparse, None),
+        summary="TEI: sparse embeddings (needs a sparse model)",
+    ),
+    Route(
+        "/tokenize",
+        TEI,
+        one(tei_schemas.TokenizeRequest, tei_handlers.tokenize, tei_schemas.TokenizeResponse),
+        capability="tokenize",
+        summary="TEI: tokens with ids, text and character spans",
+    ),
+    Route(
+        "/decode",
+        TEI,
+        one(tei_schemas.DecodeRequest, tei_handlers.decode, tei_schemas.DecodeResponse),
+        capability="tokenize",
+        summary="TEI: token ids -> text",
+    ),
+    Route(
+        "/rerank",
+        TEI,
+        one(tei_schemas.RerankRequest, tei_handlers.rerank, tei_schemas.RerankResponse),
+        capability="rerank",
+        lane=True,
+        summary="TEI: score each text against the query, best first",
+    ),
+    Route(
+        "/predict",
+        TEI,
+        one(tei_schemas.PredictRequest, tei_handlers.predict, tei_schemas.PredictResponse),
+        capability="classify",
+        lane=True,
+        summary="TEI: every label's score for each text or pair",
+    ),
+    # --- Cohere (and Jina) ------------------------------------------------------------------
+    Route(
+        "/v1/rerank",
+        COHERE,
+        one(
+            cohere_schemas.RerankV1Request,
+            cohere_handlers.rerank_v1,
+            cohere_schemas.RerankV1Response,
+        ),
+        capability="rerank",
+        lane=True,
+        summary="Cohere (v1) and Jina rerank",
+    ),
+    Route(
+        "/v2/rerank",
+        COHERE,
+        one(
+            cohere_schemas.RerankV2Request,
+            cohere_handlers.rerank_v2,
+            cohere_schemas.RerankV2Response,
+        ),
+        capability="rerank",
+        lane=True,
+        summary="Cohere rerank (v2)",
+    ),
+)
+
+TABLE = RouteTable(ROUTES, default=HEADWISE)
+__all__ = ["ROUTES", "TABLE", "Info"]

@@ -1,0 +1,24 @@
+"""TEI's API (text-embeddings-inference): same paths, shapes and status codes, so that a client
+written for TEI works against headwise unmodified. Errors in TEI's shape,
+`{"error": "...", "error_type": "Validation" | "Overloaded" | "Unhealthy" | "Backend"}`."""
+
+from service.api.declaration import Dialect, ErrorInfo
+from service.api.tei.schemas import ErrorResponse
+
+
+def error_type(status: int) -> str:
+    """TEI's ErrorType for a status code."""
+    if status == 429:
+        return "Overloaded"
+    if status == 503:
+        return "Unhealthy"
+    if status >= 500:
+        return "Backend"
+    return "Validation"
+
+
+def tei_error(e: ErrorInfo) -> dict[str, object]:
+    return {"error": e.message, "error_type": error_type(e.status)}
+
+
+DIALECT = Dialect("tei", "TEI-compatible", tei_error, ErrorResponse)

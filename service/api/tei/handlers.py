@@ -1,0 +1,140 @@
+"""TEI's routes, same shapes and status codes as text-embeddings-inference: a client written for
+TEI works against headwise unmodified."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+from service.api.context import Context
+from service.api.tei.schemas import (
+    DecodeRequest,
+    EmbedAllRequest,
+    EmbedRequest,
+    PredictRequest,
+    RerankRequest,
+    SimilarityRequest,
+    TokenizeRequest,
+    TruncationOptions,
+)
+from service.errors import InvalidInput, WrongTask
+from service.pipelines.base import as_list, check_ids, check_texts
+from service.pipelines.embed import Tokenizing
+from service.pipelines.score import ranked
+
+
+def _how(options: TruncationOptions) -> Tokenizing:
+    return Tokenizing(truncate=options.cut, side=options.side, prompt_name=options.prompt_name)
+
+
+async def embed(ctx: Context, body: EmbedRequest) -> Response:
+    pipe = ctx.model().embed
+    assert pipe is not None
+    inputs = pipe.validate(body.inputs, "inputs", body.dimensions)
+    out = await pipe.embed(ctx.call, inputs, _how(body), body.normalize, body.dimensions)
+    return ctx.respond(out.vectors, out.timings)
+
+
+async def embed_all(ctx: Context, body: EmbedAllRequest) -> Response:
+    pipe = ctx.model().embed
+    assert pipe is not None
+    inputs = pipe.validate(body.inputs, "inputs")
+    return ctx.respond(await pipe.token_embeddings(ctx.call, inputs, _how(body)))
+
+
+async def similarity(ctx: Context, body: SimilarityRequest) -> Response:
+    pipe = ctx.model().embed
+    assert pipe is not None
+    opts = body.parameters or TruncationOptions()
+    texts = pipe.validate([body.inputs.source_sentence, *body.inputs.sentences], "inputs")
+    out = await pipe.embed(ctx.call, texts, _how(opts), normalize=True)
+    scores = out.vectors[1:] @ out.vectors[0]
+    return ctx.respond(scores.astype(float), out.timings)
+
+
+async def rerank(ctx: Context, body: RerankRequest) -> Response:
+    pipe = ctx.model(body.model, "rerank").score
+    assert pipe is not None
+    pipe.check(body.texts, "texts", ctx.settings.rerank_max_documents)
+    out = await pipe.score(ctx.call, [(body.query, t) for t in body.texts], body.cut)
+    scores = pipe.relevance(out.logits, body.raw_scores)
+    results = [
+        {"index": i, "score": float(scores[i]), **({"text": body.texts[i]} if body.return_text else {})}
+        for i in ranked(scores)
+    ]
+    return ctx.respond(results, out.timings)
+
+
+async def predict(ctx: Context, body: PredictRequest) -> Response:
+    pipe = ctx.model(body.model, "classify").score
+    assert pipe is not None
+    items, single = body.batch()
+    pipe.check(items, "inputs")
+    out = await pipe.score(ctx.call, items, body.cut)
+    probs = pipe.probabilities(out.logits, body.raw_scores)
+    labels = pipe.labels
+    answers = [
+        [{"label": labels[j], "score": float(row[j])} for j in ranked(row)] for row in probs
+    ]
+    return ctx.respond(answers[0] if single else answers, out.timings)
+
+
+# POST / answers as the first model's own route does, with that route's body.
+ROOT = {"embed": (EmbedRequest, embed), "rerank": (RerankRequest, rerank), "classify": (PredictRequest, predict)}
+
+
+async def root(ctx: Context, body: EmbedRequest | RerankRequest | PredictRequest) -> Response:
+    """huggingface_hub's InferenceClient(model=URL) posts to the base URL, as TEI answers it:
+    the body is read as the first model's own route reads it."""
+    task = ctx.registry.first.task
+    request_type, handler = ROOT[task]
+    ctx.capability = task  # type: ignore[assignment]
+    if not isinstance(body, request_type):
+        body = await ctx.parse(request_type)
+    return await handler(ctx, body)
+
+
+async def decode(ctx: Context, body: DecodeRequest) -> Response:
+    backend = ctx.model().backend
+    arrays = body.arrays()
+    if len(arrays) > ctx.settings.max_inputs:
+        raise InvalidInput(f"ids has {len(arrays)} arrays; the limit is {ctx.settings.max_inputs}")
+    check_ids(arrays, backend.manifest.vocab_size, "ids")
+    return ctx.respond([backend.decode(ids, body.skip_special_tokens) for ids in arrays])
+
+
+async def tokenize(ctx: Context, body: TokenizeRequest) -> Response:
+    """Each token with its id, its text (the input's own characters from start to stop, as
+    TEI slices them) and its span; special tokens have no span and their own text."""
+    model = ctx.model()
+    texts = as_list(body.inputs, "inputs")
+    check_texts(texts, ctx.settings, "inputs")
+    if model.embed is not None:
+        texts = model.embed.prompted(texts, body.prompt_name)
+    encodings, _ = await ctx.call.tokenize(model.backend.tokenize, texts, body.add_special_tokens)
+    return ctx.respond(
+        [
+            [
+                {
+                    "id": i,
+                    "text": tok if special else text[s:e],
+                    "special": bool(special),
+                    "start": None if special else s,
+                    "stop": None if special else e,
+                }
+                for i, tok, special, (s, e) in zip(
+                    enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
+                )
+            ]
+            for text, enc in zip(texts, encodings, strict=True)
+        ],
+    )
+
+
+async def embed_sparse(ctx: Context, body: Any) -> Response:
+    served = ", ".join(f"{m.name} ({m.task})" for m in ctx.registry)
+    raise WrongTask(
+        f"sparse embeddings need a sparse (SPLADE-style) model; none is served here ({served}). "
+        f"Dense embeddings: {', '.join(ctx.registry.routes_of('embed'))}"
+    )

@@ -1,0 +1,94 @@
+"""Admission sized to capacity: refuse at once what cannot finish by its deadline.
+
+Each batcher measures the padded tokens a second it computes (a token-weighted moving average
+of its recent batches; `capacity_tokens_per_s` until it has measured any). A request whose own
+work would take longer than the whole request timeout is refused with 413, naming how many
+inputs would fit; one that would fit alone but not behind the work ahead of it (queued and
+running, on every serving batcher of the same model, which share its cores) gets 429 with
+Retry-After. Either way before any of its batches is computed, so no work is thrown away.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from service.errors import Overloaded, PayloadTooLarge
+
+
+class Throughput:
+    """Padded tokens a second, from the batches computed (recent ones weigh most)."""
+
+    def __init__(self, assumed: float, decay: float = 0.9) -> None:
+        self.assumed = assumed
+        self.decay = decay
+        self._tokens = 0.0
+        self._seconds = 0.0
+
+    def observe(self, padded_tokens: int, seconds: float) -> None:
+        self._tokens = self._tokens * self.decay + padded_tokens
+        self._seconds = self._seconds * self.decay + seconds
+
+    @property
+    def measured(self) -> bool:
+        return self._seconds > 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self._tokens / self._seconds if self._seconds > 0 else self.assumed
+
+
+class Backlogged(Protocol):
+    """What admission reads of a batcher."""
+
+    throughput: Throughput
+
+    def backlog_s(self) -> float: ...
+    def rejected(self, reason: str) -> None: ...
+
+
+def padded(lengths: Sequence[int], padding_ratio: float) -> float:
+    """The tokens these texts will cost in batches whose padding stays under the ratio."""
+    return sum(lengths) / (1 - min(padding_ratio, 0.5))
+
+
+class Admission:
+    """One per model: its serving batchers share the cores, so each waits for all of them."""
+
+    def __init__(self, timeout_s: float, padding_ratio: float) -> None:
+        self.timeout_s = timeout_s
+        self.padding_ratio = padding_ratio
+        self.batchers: list[Backlogged] = []
+
+    def ahead_s(self) -> float:
+        """Seconds of work queued and running on the model's batchers."""
+        return sum(b.backlog_s() for b in self.batchers)
+
+    def admit(self, batcher: Backlogged, lengths: Sequence[int], remaining_s: float) -> None:
+        """Raise PayloadTooLarge (413) or Overloaded (429) when the work cannot meet its
+        deadline (remaining_s from now) on `batcher`."""
+        rate = batcher.throughput
+        tokens_per_s = rate.tokens_per_s
+        own = padded(lengths, self.padding_ratio) / tokens_per_s
+        source = "measured" if rate.measured else "assumes (HEADWISE_CAPACITY_TOKENS_PER_S)"
+        if own > self.timeout_s:
+            fit = max(1, math.floor(len(lengths) * self.timeout_s / own * 0.8))
+            batcher.rejected("over_capacity")
+            raise PayloadTooLarge(
+                f"{len(lengths)} inputs of {sum(lengths)} tokens need about {own:.0f} s at the "
+                f"{tokens_per_s:.0f} tokens/s this server {source}, past the request deadline "
+                f"of {self.timeout_s:g} s (HEADWISE_REQUEST_TIMEOUT_S): send at most about "
+                f"{fit} such inputs a request",
+                param="inputs",
+            )
+        ahead = self.ahead_s() if batcher in self.batchers else batcher.backlog_s()
+        if ahead + own > remaining_s:
+            batcher.rejected("queue_too_long")
+            raise Overloaded(
+                f"the work queued and running ahead needs about {ahead:.1f} s at "
+                f"{tokens_per_s:.0f} tokens/s: this request could not finish within its "
+                f"deadline ({max(0.0, remaining_s):.1f} s left of {self.timeout_s:g} s); "
+                "retry later or send fewer inputs",
+                retry_after=max(1.0, ahead + own - remaining_s),
+            )

@@ -1,0 +1,254 @@
+"""DynamicBatcher: many small requests become few large, length-grouped batches.
+
+A batch closes when its padded tokens (longest x count) would pass the token budget, when it
+holds max_batch_size texts, or when the oldest waiting text has waited max_wait (whichever is
+first). The wait is only spent while more texts are on their way (being tokenised); an idle
+server runs a lone request at once. The oldest text always goes into the next batch (no
+starvation); the rest are chosen by nearest length so little compute goes to padding.
+
+One worker runs inference off the event loop on its own thread, except a small batch when
+nothing else is queued or arriving (inline_max_tokens): that one runs on the loop, which has
+nothing else to do, and saves the two thread hops (~0.3 ms of one short text's ~2.5 ms on a
+2-core CPU, measured by bench's short-text latency). A failed batch fails every
+request in it, and the worker carries on. Texts whose caller went away or whose deadline
+passed are dropped before they cost compute. The queue is bounded: a submit that does not fit
+is refused at once (429), so nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from service.engine.admission import Throughput
+from service.engine.batch_policy import BatchPolicy, Item, select_batch
+from service.errors import InferenceFailed, Overloaded, Unavailable
+from service.tensors import Batch
+
+log = logging.getLogger(__name__)
+
+Infer = Callable[[Batch], Sequence[Any]]
+
+
+class BatchObserver(Protocol):
+    def batch(self, size: int, padded: int, real: int, seconds: float) -> None: ...
+    def queue_depth(self, texts: int) -> None: ...
+    def rejected(self, reason: str) -> None: ...
+    def capacity(self, tokens_per_s: float) -> None: ...
+
+
+class DynamicBatcher:
+    def __init__(
+        self,
+        infer: Infer,
+        policy: BatchPolicy,
+        observer: BatchObserver | None = None,
+        name: str = "encoder",
+        pad_id: int = 0,
+    ) -> None:
+        self._infer = infer
+        self.policy = policy
+        self._observer = observer
+        self.name = name
+        self._pad_id = pad_id
+        self._queue: list[Item] = []
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self._prune_scheduled = False
+        self.arriving = 0  # requests being tokenised: a batch may wait for them
+        self.batches = 0
+        self.submitted = 0  # texts ever queued
+        self.throughput = Throughput(policy.assumed_tokens_per_s)
+        self._running_tokens = 0  # padded tokens of the batch being computed
+        self._running_since = 0.0
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(it.length for it in self._queue)
+
+    def backlog_s(self) -> float:
+        """Seconds of work ahead of a new text: the queue, and what is left of the running batch
+        (at the measured throughput)."""
+        rate = self.throughput.tokens_per_s
+        queued = self.queued_tokens / rate
+        if not self._running_tokens:
+            return queued
+        running = self._running_tokens / rate - (time.monotonic() - self._running_since)
+        return queued + max(0.0, running)
+
+    def rejected(self, reason: str) -> None:
+        if self._observer:
+            self._observer.rejected(reason)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._worker(), name=f"batcher-{self.name}"
+        )
+
+    def submit(
+        self,
+        sequences: Sequence[Sequence[int]],
+        deadline: float,
+        types: Sequence[Sequence[int]] | None = None,
+    ) -> list[Item]:
+        """Queue every sequence or none (429 when they don't fit); one item (future) each.
+        deadline: the monotonic time by which its request must be answered."""
+        if self._closing:
+            raise Unavailable("the server is shutting down", retry_after=1)
+        if len(self._queue) + len(sequences) > self.policy.max_queue:
+            self.rejected("queue_full")
+            raise Overloaded(
+                f"queue full: {len(self._queue)} texts waiting, limit {self.policy.max_queue}",
+                retry_after=1,
+            )
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        kinds = types if types is not None else [None] * len(sequences)
+        items = [
+            Item(seq, loop.create_future(), now, deadline, kind)
+            for seq, kind in zip(sequences, kinds, strict=True)
+        ]
+        for it in items:
+            it.future.add_done_callback(self._on_done)
+        self._queue.extend(items)
+        self.submitted += len(items)
+        self._report_depth()
+        self._wakeup.set()
+        return items
+
+    def _on_done(self, future: asyncio.Future) -> None:
+        """A cancelled text (client gone, deadline passed) leaves the queue, and the queue-depth
+        gauge, at once: one prune per loop tick however many were cancelled together."""
+        if future.cancelled() and not self._prune_scheduled:
+            self._prune_scheduled = True
+            asyncio.get_running_loop().call_soon(self._prune)
+
+    async def stop(self) -> None:
+        """Refuse new work, finish everything already accepted, then release the thread."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    def _report_depth(self) -> None:
+        if self._observer:
+            self._observer.queue_depth(len(self._queue))
+
+    def _full(self) -> bool:
+        q = self._queue
+        if not q or len(q) >= self.policy.max_batch_size:
+            return True
+        return max(it.length for it in q) * len(q) >= self.policy.max_batch_tokens
+
+    async def _fill(self) -> None:
+        """Wait for a fuller batch, but only while texts are on their way and max_wait allows."""
+        deadline = self._queue[0].enqueued + self.policy.max_wait_s
+        while self.arriving > 0 and not self._closing and not self._full():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _prune(self) -> None:
+        """Drop texts nobody waits for any more, and fail those whose deadline passed."""
+        self._prune_scheduled = False
+        now = time.monotonic()
+        keep = []
+        for it in self._queue:
+            if it.future.done():  # cancelled: the client went away or gave up
+                continue
+            if now > it.deadline:
+                it.future.set_exception(
+                    Unavailable("request deadline passed while queued", retry_after=1)
+                )
+                self.rejected("deadline")
+                continue
+            keep.append(it)
+        if len(keep) != len(self._queue):
+            self._queue = keep
+            self._report_depth()
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._prune()
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                await self._fill()
+                self._prune()
+                if not self._queue:
+                    continue
+                batch = select_batch(self._queue, self.policy)
+                chosen = set(map(id, batch))
+                self._queue = [it for it in self._queue if id(it) not in chosen]
+                self._report_depth()
+            except Exception:  # a bug here must not leave callers waiting: fail the oldest
+                log.exception("%s batcher could not form a batch", self.name)
+                head = self._queue.pop(0)
+                self._report_depth()
+                if not head.future.done():
+                    head.future.set_exception(InferenceFailed("could not schedule the request"))
+                continue
+            await self._run(loop, batch)
+
+    def _inline(self, padded: Batch) -> bool:
+        """Small, and nobody else waiting for the loop's attention or the backend."""
+        return (
+            padded.input_ids.size <= self.policy.inline_max_tokens
+            and not self._queue
+            and self.arriving == 0
+        )
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[Item]) -> None:
+        try:
+            padded = Batch.of([it.ids for it in batch], self._pad_id, [it.types for it in batch])
+            started = time.monotonic()
+            for it in batch:
+                it.started = started
+            self._running_tokens, self._running_since = padded.input_ids.size, started
+            try:
+                if self._inline(padded):
+                    out = self._infer(padded)
+                else:  # under load the loop keeps answering (health, refusals) while this runs
+                    out = await loop.run_in_executor(self._executor, self._infer, padded)
+            finally:
+                self._running_tokens = 0
+            seconds = time.monotonic() - started
+            if len(out) != len(batch):
+                raise RuntimeError(f"backend returned {len(out)} rows for {len(batch)} texts")
+        except Exception as exc:  # one failed batch must not kill the worker
+            log.exception("%s batch of %d failed", self.name, len(batch))
+            for it in batch:
+                if not it.future.done():
+                    it.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
+            return
+        self.batches += 1
+        self.throughput.observe(padded.input_ids.size, seconds)
+        if self._observer:
+            real = sum(it.length for it in batch)
+            self._observer.batch(len(batch), padded.input_ids.size, real, seconds)
+            self._observer.capacity(self.throughput.tokens_per_s)
+        for it, row in zip(batch, out, strict=True):
+            it.inference_s = seconds
+            if not it.future.done():
+                it.future.set_result(row)

@@ -1,0 +1,112 @@
+"""create_app(settings): the FastAPI app; its lifespan owns the models, batchers and threads.
+
+The routes come from the declaration (`service/api/routes.py`): FastAPI's, the hot lane's, the
+middleware's open paths and labels, and each path's error dialect are all derived from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from service import __version__
+from service.api.declaration import RouteTable
+from service.api.routes import TABLE
+from service.bundle import load_bundle
+from service.engine.runtime import Backend, OnnxBackend
+from service.engine.trimmer import Trimmer
+from service.http.errors import Answers
+from service.http.lane import Lane
+from service.http.middleware import HeadwiseMiddleware
+from service.http.routing import mount
+from service.metrics import Metrics
+from service.registry import Loader, ModelSpec, Registry
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def onnx_loader(spec: ModelSpec, settings: Settings) -> Backend:
+    bundle = load_bundle(spec.path, verify=settings.verify_bundle)
+    return OnnxBackend(bundle, settings)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    st = app.state
+    settings: Settings = st.settings
+    table: RouteTable = st.table
+    specs = [ModelSpec.parse(text) for text in settings.bundle_specs()]
+    registry = Registry.load(specs, st.loader, settings, st.metrics, table.paths_for)
+    st.registry = registry
+    for model in registry:
+        runtime = model.backend.info
+        st.metrics.info.labels(
+            model.name, runtime.providers[0], runtime.device, runtime.precision, __version__
+        ).set(1)
+    registry.start()
+    warm = asyncio.create_task(registry.warm(settings.warmup))
+    trimmer = asyncio.create_task(Trimmer(registry.activity).run())
+    try:
+        yield
+    finally:
+        trimmer.cancel()
+        warm.cancel()
+        await registry.stop()
+        log.info("stopped; all accepted requests answered")
+
+
+def create_app(
+    settings: Settings | None = None,
+    loader: Loader | None = None,
+    lane: bool = True,
+    table: RouteTable = TABLE,
+) -> FastAPI:
+    """lane=False leaves every route to FastAPI (tests compare the two)."""
+    settings = settings or Settings()
+    app = FastAPI(
+        title="headwise",
+        version=__version__,
+        description="Embeddings, and what every attention head looks at.",
+        lifespan=lifespan,
+        # Prometheus is our telemetry; FastAPI's built-in OpenTelemetry hooks cost ~60 µs a
+        # request even with no exporter configured.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+    )
+    if not settings.attention_enabled:
+        table = RouteTable([r for r in table if r.feature != "attention"], table.default)
+    st = app.state
+    st.settings = settings
+    st.loader = loader or onnx_loader
+    st.metrics = Metrics()
+    st.table = table
+    answers = Answers(table)
+    answers.install(app)
+    mount(app, table)
+    if lane:  # innermost of ours: CORS and HeadwiseMiddleware wrap its answers too
+        app.add_middleware(Lane, routes=table.lane(), answers=answers)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type", "x-request-id"],
+            expose_headers=["x-request-id", "x-queue-time", "x-inference-time", "x-total-time"],
+        )
+    api_key = settings.api_key.get_secret_value() if settings.api_key else None
+    app.add_middleware(
+        HeadwiseMiddleware,
+        table=table,
+        answers=answers,
+        metrics=st.metrics,
+        max_body_bytes=settings.max_body_bytes,
+        api_key=api_key,
+        body_timeout_s=settings.body_timeout_s,
+        access_log=settings.access_log,
+    )
+    return app

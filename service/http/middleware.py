@@ -1,0 +1,165 @@
+"""One pure-ASGI middleware for what every HTTP request gets: a request id, a bounded body that
+must arrive in time, the API key check, timing headers, and the request metrics.
+
+Which paths are open (no key), each path's metrics label and the dialect of its refusals come
+from the route table (the declaration), never from lists kept here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import time
+import uuid
+
+from service.api.declaration import RouteTable
+from service.errors import HeadwiseError, PayloadTooLarge, RequestTimeout, Unauthorized
+from service.http.asgi import ASGIApp, Message, Receive, Scope, Send, replay
+from service.http.errors import Answers
+from service.http.routing import ARRIVED
+from service.metrics import Metrics
+
+access = logging.getLogger("headwise.access")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class HeadwiseMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        table: RouteTable,
+        answers: Answers,
+        metrics: Metrics,
+        max_body_bytes: int,
+        api_key: str | None,
+        body_timeout_s: float = 10.0,
+        access_log: bool = False,
+    ) -> None:
+        self.app = app
+        self.table = table
+        self.answers = answers
+        self.access_log = access_log
+        self.body_timeout_s = body_timeout_s
+        self.metrics = metrics
+        self.max_body = max_body_bytes
+        self.api_key = api_key.encode() if api_key else None
+
+    def _authorised(self, scope: Scope) -> bool:
+        if self.api_key is None or scope["method"] == "OPTIONS" or self.table.is_open(scope["path"]):
+            return True
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                    token.strip(), self.api_key
+                )
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        state = scope.setdefault("state", {})
+        sent_id = next(
+            (v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), ""
+        )
+        request_id = sent_id if _REQUEST_ID.match(sent_id) else uuid.uuid4().hex
+        state["request_id"] = request_id
+        endpoint = self.table.label(scope["path"])
+        status_seen = [500]
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_seen[0] = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                for name, value in state.get("timing_headers", {}).items():
+                    headers.append((name.encode(), value.encode()))
+                total = (time.monotonic() - started) * 1e3
+                headers.append((b"x-total-time", f"{total:.3f}".encode()))
+                message["headers"] = headers
+            await send(message)
+
+        async def refuse(exc: HeadwiseError) -> None:
+            await self.answers.refuse(scope, exc)(scope, receive, send_with_headers)
+
+        self.metrics.inflight.inc()
+        self.metrics.active += 1
+        try:
+            if not self._authorised(scope):
+                await refuse(
+                    Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
+                )
+                return
+            try:
+                body = None if self._declared_too_large(scope) else await self._read_body(receive)
+            except TimeoutError:
+                await refuse(
+                    RequestTimeout(f"request body did not arrive within {self.body_timeout_s:g} s")
+                )
+                return
+            if body is None:
+                await refuse(
+                    PayloadTooLarge(f"request body is larger than the limit of {self.max_body} bytes")
+                )
+                return
+            state[ARRIVED] = time.monotonic()
+            await self.app(scope, replay(body, receive), send_with_headers)
+        finally:
+            self.metrics.inflight.dec()
+            self.metrics.active -= 1
+            self.metrics.finished += 1
+            model = state.get("model", "")  # set by the route once it has picked a model
+            seconds = time.monotonic() - started
+            self.metrics.requests.labels(endpoint, model, str(status_seen[0])).inc()
+            self.metrics.request_duration.labels(endpoint, model).observe(seconds)
+            if self.access_log:
+                access.info(
+                    "%s %s %d %.1fms%s id=%s",
+                    scope["method"],
+                    scope["path"],
+                    status_seen[0],
+                    seconds * 1e3,
+                    f" model={model}" if model else "",
+                    request_id,
+                    extra={
+                        "request_id": request_id,
+                        "route": f"{scope['method']} {scope['path']}",
+                        "status": status_seen[0],
+                        "model": model,
+                        "ms": round(seconds * 1e3, 3),
+                    },
+                )
+
+    def _declared_too_large(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                return value.isdigit() and int(value) > self.max_body
+        return False
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None when it passes the limit (checked before and while reading).
+
+        A body that does not arrive in one piece must arrive within body_timeout_s: a client
+        trickling bytes (slowloris) would otherwise hold its slot for ever. TimeoutError then.
+        """
+        message = await receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            body = message.get("body", b"")
+            return None if len(body) > self.max_body else body
+        async with asyncio.timeout(self.body_timeout_s):
+            chunks: list[bytes] = [message.get("body", b"")]
+            size = len(chunks[0])
+            while message.get("more_body", False):
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    break
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_body:
+                    return None
+                chunks.append(chunk)
+        return b"".join(chunks)

@@ -1,0 +1,155 @@
+"""`headwise serve`: settings from flags and HEADWISE_* variables, then uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from types import FrameType
+
+import onnxruntime as ort
+import uvicorn
+from fastapi import FastAPI
+
+from service.bundle import Bundle, BundleError, load_bundle
+from service.engine.runtime import Backend, DeviceUnavailable, OnnxBackend, choose_providers
+from service.registry import ModelSpec, load_backends, unique_names
+from service.settings import Settings
+
+log = logging.getLogger("headwise")
+
+
+def margin_s(grace_s: float) -> float:
+    """Of the grace, what is kept to send the last answers once requests stop waiting."""
+    return min(1.0, 0.25 * grace_s)
+
+
+class DrainingServer(uvicorn.Server):
+    """A drain that answers everything it accepted, within the grace.
+
+    On SIGTERM (or SIGINT) the listener stays open while the models drain: new requests are
+    answered 503 with Retry-After at once (the load balancer moves them elsewhere), and every
+    request already accepted is given until the end of the grace, less a margin, to finish; one
+    that cannot is answered 503 with Retry-After then, never cut off. Once nothing is in flight
+    (or the grace is spent), uvicorn's own shutdown closes the listener and the connections.
+    A second signal stops at once.
+
+    uvicorn re-raises SIGTERM after its graceful shutdown, so the process dies "by signal"
+    (exit -15). After a completed drain we exit 0 instead: every accepted request was answered.
+    """
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, grace_s: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.grace_s = grace_s
+        self._drain: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def _serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def,override]
+        self._loop = asyncio.get_running_loop()
+        await super()._serve(sockets)
+        if self.started:
+            self._captured_signals.clear()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if self._drain is not None or loop is None or not self.started:
+            super().handle_exit(sig, frame)  # a second signal, or not serving yet: stop now
+            return
+        self._captured_signals.append(sig)
+        loop.call_soon_threadsafe(self._begin)
+
+    def _begin(self) -> None:
+        self._drain = asyncio.ensure_future(self.drain())
+
+    async def drain(self) -> None:
+        started = time.monotonic()
+        end = started + self.grace_s
+        st = self.app.state
+        log.info("draining: %.1f s to answer %d requests in flight", self.grace_s, st.metrics.active)
+        st.registry.begin_drain(self.grace_s - margin_s(self.grace_s))
+        while st.metrics.active > 0 and time.monotonic() < end - 0.05:
+            await asyncio.sleep(0.02)  # the server's own loop; nothing waits on this but exit
+        self.config.timeout_graceful_shutdown = max(1, round(end - time.monotonic()))
+        self.should_exit = True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and the request's fields."""
+
+    FIELDS = ("request_id", "route", "status", "model", "ms")
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **{k: getattr(record, k) for k in self.FIELDS if hasattr(record, k)},
+        }
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def configure_logging(level: str, fmt: str = "text") -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def check_bundles(settings: Settings) -> dict[ModelSpec, Bundle]:
+    """Every bundle readable (hashes checked once) and uniquely named, before the port is bound."""
+    specs = [ModelSpec.parse(text) for text in settings.bundle_specs()]
+    loaded = [load_bundle(spec.path, verify=settings.verify_bundle) for spec in specs]
+    unique_names(specs, [b.manifest.name for b in loaded])
+    return dict(zip(specs, loaded, strict=True))
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    overrides = {k: v for k in ("host", "port", "device") if (v := getattr(args, k)) is not None}
+    if args.bundle:
+        overrides["bundles"] = args.bundle
+    settings = Settings(**overrides)
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        bundles = check_bundles(settings)
+        if settings.device == "cuda":  # fail before binding the port when the GPU is missing
+            choose_providers(settings.device, ort.get_available_providers())
+        # The sessions start before the port is bound: a GPU that onnxruntime-gpu lists but
+        # cannot use (no driver) refuses here, with a message and exit 1, not at first request.
+        specs = list(bundles)
+        backends = load_backends(specs, lambda spec, s: OnnxBackend(bundles[spec], s), settings)
+    except (BundleError, DeviceUnavailable, ValueError, RuntimeError) as exc:
+        log.error("cannot serve: %s", exc)
+        return 1
+    from service.http.app import create_app
+
+    loaded = dict(zip(specs, backends, strict=True))
+
+    def preloaded(spec: ModelSpec, s: Settings) -> Backend:
+        return loaded[spec]
+
+    app = create_app(settings, loader=preloaded)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        limit_concurrency=settings.max_concurrency,
+        timeout_keep_alive=settings.keep_alive_s,
+        access_log=False,  # ours is the middleware's (HEADWISE_ACCESS_LOG), with the model
+        log_config=None,  # keep the handlers configured above (JSON or text) for uvicorn too
+        lifespan="on",
+    )
+    server = DrainingServer(config, app, settings.drain_timeout_s)
+    server.run()
+    # uvicorn reports a failed startup (lifespan error) by leaving started False.
+    return 0 if server.started else 1

@@ -1,0 +1,169 @@
+"""The one way into a batcher, used by every pipeline: tokenise -> check limits -> admit by
+capacity -> submit -> wait (honouring the client's disconnect and the deadline).
+
+A pipeline says how its inputs become token sequences (`prepare`, which may refuse them: too
+long, too many); the intake does the rest in the same order for every route, so no pipeline can
+forget a step. Admission happens twice: on a lower bound before tokenising (so a request that
+cannot fit is refused in microseconds) and on the exact counts after it, always before anything
+is queued. `hold` wraps the queueing and what follows it (the /attention budget and pacer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from service.engine.admission import Admission
+from service.engine.batch_policy import Item
+from service.engine.batcher import DynamicBatcher
+from service.errors import InvalidInput, PayloadTooLarge
+from service.metrics import Metrics
+from service.pipelines.call import Call, Timings
+from service.settings import Settings
+from service.tensors import l2_normalize
+
+R = TypeVar("R")
+
+
+@dataclass
+class Prepared:
+    """A request's work as the batcher takes it: token ids (and types) per sequence."""
+
+    sequences: list[list[int]]
+    types: list[list[int]] | None = None
+    truncated: int = 0  # how many were cut at the model's length
+    extra: Any = None  # what the pipeline wants back (its encodings)
+
+
+@dataclass
+class Ran(Generic[R]):
+    rows: list[R]  # one output per sequence, in order
+    prepared: Prepared
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(s) for s in self.prepared.sequences]
+
+
+Hold = Callable[[Prepared], AbstractAsyncContextManager[None]]
+
+
+class Intake:
+    def __init__(
+        self,
+        batcher: DynamicBatcher,
+        admission: Admission,
+        metrics: Metrics,
+        path: str,
+        model: str,
+    ) -> None:
+        self.batcher = batcher
+        self.admission = admission
+        labels = (path, model)
+        self._tokenization = metrics.tokenization_duration.labels(*labels)
+        self._queue = metrics.queue_duration.labels(*labels)
+        self._truncated = metrics.truncated.labels(*labels)
+        self._length = metrics.input_length.labels(*labels)
+
+    def admit(self, lengths: Sequence[int], call: Call) -> None:
+        self.admission.admit(self.batcher, lengths, call.remaining())
+
+    async def run(
+        self,
+        call: Call,
+        prepare: Callable[[], Awaitable[Prepared]],
+        at_least: Sequence[int] | None = None,
+        hold: Hold | None = None,
+        then: Callable[[Ran[Any]], Awaitable[R]] | None = None,
+    ) -> Any:
+        """The batcher's outputs for the prepared sequences (or `then` of them, still inside
+        `hold`). at_least: a lower bound of each input's tokens, known without a tokenizer."""
+        call.check()
+        if at_least:
+            self.admit(at_least, call)
+        self.batcher.arriving += 1
+        try:
+            started = time.monotonic()
+            prepared = await prepare()
+            tokenization_s = time.monotonic() - started
+            self.admit([len(s) for s in prepared.sequences], call)
+        finally:
+            self.batcher.arriving -= 1
+        self._tokenization.observe(tokenization_s)
+        if prepared.truncated:
+            self._truncated.inc(prepared.truncated)
+        async with hold(prepared) if hold is not None else contextlib.nullcontext():
+            items = self.batcher.submit(prepared.sequences, call.deadline, prepared.types)
+            rows = await call.wait([it.future for it in items])
+            ran = Ran(rows, prepared, _timings(tokenization_s, items))
+            self._queue.observe(ran.timings.queue_s)
+            for n in ran.lengths:
+                self._length.observe(n)
+            return await then(ran) if then is not None else ran
+
+
+def _timings(tokenization_s: float, items: Sequence[Item]) -> Timings:
+    return Timings(
+        tokenization_s, max(it.queue_s for it in items), max(it.inference_s for it in items)
+    )
+
+
+@contextlib.asynccontextmanager
+async def closing(call: Call) -> AsyncIterator[Call]:
+    try:
+        yield call
+    finally:
+        call.close()
+
+
+# --- Checks every pipeline makes on what a client sends ------------------------------------
+
+
+def as_list(inputs: str | list[Any], name: str) -> list[Any]:
+    texts = [inputs] if isinstance(inputs, str) else inputs
+    if not texts:
+        raise InvalidInput(f"{name} must not be an empty list", param=name)
+    return texts
+
+
+def check_texts(texts: Sequence[str], settings: Settings, name: str, limit: int = 0) -> None:
+    """At most `limit` (default: HEADWISE_MAX_INPUTS) items, each within the character limit."""
+    limit = limit or settings.max_inputs
+    if len(texts) > limit:
+        raise InvalidInput(
+            f"{name} has {len(texts)} items; the limit is {limit} per request", param=name
+        )
+    for i, text in enumerate(texts):
+        if len(text) > settings.max_input_chars:
+            raise PayloadTooLarge(
+                f"{name}[{i}] has {len(text)} characters; the limit is {settings.max_input_chars}",
+                param=name,
+            )
+
+
+def check_ids(arrays: Sequence[Sequence[int]], vocab_size: int, param: str) -> None:
+    """Token ids given by a client must be in the model's vocabulary (422 naming them)."""
+    for i, ids in enumerate(arrays):
+        bad = sorted({t for t in ids if not 0 <= t < vocab_size})
+        if bad:
+            raise InvalidInput(
+                f"{param}[{i}] has token ids outside the model's vocabulary (0..{vocab_size - 1}): "
+                f"{bad[:10]}",
+                param=param,
+            )
+
+
+def postprocess(vectors: np.ndarray, normalize: bool, dimensions: int | None) -> np.ndarray:
+    """Keep the first `dimensions` components (Matryoshka), then L2-normalise if asked."""
+    if dimensions is not None:
+        vectors = vectors[:, :dimensions]
+    if normalize:
+        vectors = l2_normalize(vectors)
+    return np.ascontiguousarray(vectors, dtype=np.float32)

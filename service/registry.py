@@ -1,0 +1,339 @@
+"""The served models and their pipelines: one typed container, built in the lifespan.
+
+Each bundle becomes a `Model`: its backend (ONNX Runtime sessions, tokenizer) and a pipeline
+per task it serves, each pipeline with its own batcher and worker thread, and one admission
+that counts the work of all its serving batchers. `Registry.pick` is the one place that turns a
+request's model name (or none) into a model that can answer the route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from service.engine.admission import Admission
+from service.engine.batch_policy import BatchPolicy
+from service.engine.batcher import DynamicBatcher, Infer
+from service.engine.memory import LARGE_REQUESTS, memory_budget, rss_bytes
+from service.engine.runtime import Backend, DeviceUnavailable
+from service.errors import ModelNotFound, Unavailable, WrongTask
+from service.metrics import Metrics
+from service.pipelines.attention.pipeline import AttentionPipeline
+from service.pipelines.base import Intake
+from service.pipelines.call import Drain
+from service.pipelines.embed import EmbedPipeline
+from service.pipelines.score import ScorePipeline
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# What a route needs of a model. Any model can "tokenize".
+Capability = Literal["embed", "rerank", "classify", "attention", "tokenize"]
+WANTED: dict[Capability, str] = {
+    "embed": "an embedding model",
+    "rerank": "a reranker",
+    "classify": "a classifier",
+    "attention": "a model with its attention graph (HEADWISE_ATTENTION_ENABLED)",
+    "tokenize": "any model",
+}
+# Which routes serve a capability: derived from the route declaration by the app.
+RoutesOf = Callable[[Capability], list[str]]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """`DIR` or `NAME=DIR`, as given to --bundle / HEADWISE_BUNDLES."""
+
+    path: Path
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        name, sep, path = text.partition("=")
+        if not sep:
+            return cls(Path(text.strip()))
+        if not name.strip() or not path.strip():
+            raise ValueError(f"bundle {text!r}: expected DIR or NAME=DIR")
+        return cls(Path(path.strip()), name.strip())
+
+
+Loader = Callable[[ModelSpec, Settings], Backend]
+
+
+def batch_policy(s: Settings, inline: bool = False) -> BatchPolicy:
+    """inline: the backend's runs may run on the event loop (Backend.inline)."""
+    return BatchPolicy(
+        max_batch_tokens=s.max_batch_tokens,
+        max_batch_size=s.max_batch_size,
+        max_wait_s=s.max_wait_ms / 1e3,
+        max_padding_ratio=s.max_padding_ratio,
+        max_queue=s.max_queue_texts,
+        padding_slack=s.padding_slack_tokens,
+        assumed_tokens_per_s=s.capacity_tokens_per_s,
+        inline_max_tokens=s.inline_max_tokens if inline else 0,
+    )
+
+
+@dataclass
+class Model:
+    name: str
+    backend: Backend
+    created: int  # unix seconds, for OpenAI's model list
+    admission: Admission
+    embed: EmbedPipeline | None = None
+    score: ScorePipeline | None = None  # rerank or classify
+    attention: AttentionPipeline | None = None
+    batchers: list[DynamicBatcher] = field(default_factory=list)
+
+    @property
+    def task(self) -> str:
+        return self.backend.manifest.task
+
+    @property
+    def capabilities(self) -> set[Capability]:
+        caps: set[Capability] = {"tokenize"}
+        if self.embed is not None:
+            caps.add("embed")
+        if self.score is not None:
+            caps.add("rerank" if self.task == "rerank" else "classify")
+        if self.attention is not None:
+            caps.add("attention")
+        return caps
+
+    @property
+    def serving_batchers(self) -> list[DynamicBatcher]:
+        """Those that run the serving graph (each may hold its largest batch at once)."""
+        attention = self.attention.batcher if self.attention else None
+        return [b for b in self.batchers if b is not attention]
+
+
+def build_model(name: str, backend: Backend, settings: Settings, metrics: Metrics) -> Model:
+    manifest = backend.manifest
+    admission = Admission(settings.request_timeout_s, settings.max_padding_ratio)
+    model = Model(name, backend, manifest.created or int(time.time()), admission)
+
+    def intake(infer: Infer, path: str) -> Intake:
+        b = DynamicBatcher(
+            infer,
+            batch_policy(settings, backend.inline),
+            metrics.observer(path, name),
+            f"{path}-{name}",
+            manifest.special_tokens.pad,
+        )
+        model.batchers.append(b)
+        admission.batchers.append(b)
+        return Intake(b, admission, metrics, path, name)
+
+    if manifest.task == "embed":
+        tokens = None
+        if backend.token_output:
+            tokens = intake(lambda batch: list(backend.run_tokens(batch)), "embed_all")
+        model.embed = EmbedPipeline(backend, intake(backend.run, "encode"), settings, tokens)
+    else:  # rerank, classify: the same batching, one sequence (a pair) each
+        model.score = ScorePipeline(backend, intake(backend.run, manifest.task), settings)
+    if settings.attention_enabled and "attention" in manifest.graphs:
+        # Its own admission: its batcher is paced and bounded by its own budget, apart.
+        own = Admission(settings.request_timeout_s, 1.0)
+        model.attention = AttentionPipeline(name, backend, settings, metrics, own)
+        model.batchers.append(model.attention.batcher)
+    return model
+
+
+def unique_names(specs: Sequence[ModelSpec], manifest_names: Sequence[str]) -> list[str]:
+    """Each model's name (given, else its manifest's); duplicates are an error naming them."""
+    names = [spec.name or found for spec, found in zip(specs, manifest_names, strict=True)]
+    seen: dict[str, Path] = {}
+    for spec, name in zip(specs, names, strict=True):
+        if name in seen:
+            raise ValueError(
+                f"two bundles are named {name!r} ({seen[name]} and {spec.path}): "
+                "name one with --bundle NAME=DIR"
+            )
+        seen[name] = spec.path
+    return names
+
+
+def load_backends(specs: Sequence[ModelSpec], loader: Loader, settings: Settings) -> list[Backend]:
+    """One backend per bundle; a bundle that cannot be loaded stops it all, naming the folder.
+
+    Only one session in a process may spin its threads: several spinning at once fight for the
+    cores (measured ~5x slower). The first model's serving session is that one.
+    """
+    quiet = settings.model_copy(update={"spinning": False})
+    backends = []
+    for i, spec in enumerate(specs):
+        try:
+            backends.append(loader(spec, settings if i == 0 else quiet))
+        except DeviceUnavailable:
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"cannot load bundle {spec.path}: {exc}") from exc
+    return backends
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+class Registry:
+    def __init__(
+        self,
+        models: list[Model],
+        settings: Settings,
+        metrics: Metrics,
+        routes_of: RoutesOf | None = None,
+    ) -> None:
+        if not models:
+            raise ValueError("no model to serve: give at least one bundle")
+        self.models = {m.name: m for m in models}
+        self.settings = settings
+        self.metrics = metrics
+        self.routes_of: RoutesOf = routes_of or (lambda capability: [capability])
+        self.drain = Drain()
+        self.ready = False
+        self.load_error: str | None = None
+        self.warm_rss = 0  # resident bytes once loaded and warm: the memory bound's base
+        self._ready_event = asyncio.Event()
+
+    @classmethod
+    def load(
+        cls,
+        specs: Sequence[ModelSpec],
+        loader: Loader,
+        settings: Settings,
+        metrics: Metrics,
+        routes_of: RoutesOf | None = None,
+    ) -> Registry:
+        backends = load_backends(specs, loader, settings)
+        names = unique_names(specs, [b.manifest.name for b in backends])
+        models = [build_model(n, b, settings, metrics) for n, b in zip(names, backends, strict=True)]
+        return cls(models, settings, metrics, routes_of)
+
+    def __iter__(self) -> Iterator[Model]:
+        return iter(self.models.values())
+
+    @property
+    def first(self) -> Model:
+        return next(iter(self.models.values()))
+
+    def routes(self, capability: Capability) -> str:
+        return ", ".join(self.routes_of(capability))
+
+    def routes_of_model(self, model: Model) -> str:
+        return ", ".join(
+            r for c in sorted(model.capabilities) if c != "tokenize" for r in self.routes_of(c)
+        )
+
+    def pick(self, name: str | None, capability: Capability) -> Model:
+        """The model a request names, or the first that can answer the route.
+
+        Clients hard-code names ("text-embedding-3-small"): when exactly one served model can
+        answer, any name is accepted. With several candidates an unknown name is a 404 that
+        lists them; a known name of the wrong task is a 400 naming what it serves.
+        """
+        if name is not None and name in self.models:
+            model = self.models[name]
+            if capability not in model.capabilities:
+                raise WrongTask(
+                    f"model {name!r} is {_article(model.task)} {model.task} model: it serves "
+                    f"{self.routes_of_model(model)}; {self.routes(capability)} needs "
+                    f"{WANTED[capability]}",
+                    param="model",
+                )
+            return model
+        candidates = [m for m in self if capability in m.capabilities]
+        if not candidates:
+            served = ", ".join(f"{m.name} ({m.task})" for m in self)
+            raise ModelNotFound(
+                f"no served model answers {self.routes(capability)}; served: {served}",
+                param="model",
+            )
+        if name is None or len(candidates) == 1:
+            return candidates[0]
+        listed = ", ".join(m.name for m in candidates)
+        raise ModelNotFound(
+            f"model {name!r} is not served here; {self.routes(capability)} is served by: "
+            f"{listed}",
+            param="model",
+        )
+
+    def memory(self) -> dict[str, int]:
+        """The documented peak for these settings and models (README: Memory)."""
+        s = self.settings
+        graphs = [
+            (
+                len(m.serving_batchers),
+                m.backend.manifest.max_length,
+                m.backend.manifest.d_model,
+                m.backend.manifest.num_heads,
+            )
+            for m in self
+        ]
+        return memory_budget(
+            self.warm_rss or rss_bytes(),
+            graphs,
+            s.max_batch_tokens,
+            s.attention_budget_numbers,
+            sum(m.attention is not None for m in self),
+            s.max_body_bytes,
+            LARGE_REQUESTS,
+        )
+
+    def activity(self) -> int:
+        """Changes whenever a text is queued, a batch taken or a request answered (the heap
+        trimmer's idle test)."""
+        work = sum(b.batches + b.submitted for m in self for b in m.batchers)
+        return work + self.metrics.finished
+
+    def require_ready(self) -> None:
+        if self.drain.draining:
+            raise Unavailable("the server is shutting down: retry on another replica", retry_after=1)
+        if not self.ready:
+            raise Unavailable("models are loading", retry_after=2)
+
+    async def wait_ready(self) -> None:
+        await self._ready_event.wait()
+
+    def start(self) -> None:
+        for model in self:
+            for batcher in model.batchers:
+                batcher.start()
+
+    async def warm(self, enabled: bool) -> None:
+        """Run every graph once (off the loop), then say ready; a failure stays not ready."""
+        loop = asyncio.get_running_loop()
+        try:
+            if enabled:
+                for model in self:
+                    await loop.run_in_executor(None, model.backend.warmup)
+            self.warm_rss = rss_bytes()
+            self.metrics.memory_bound.set(self.memory()["bound_bytes"])
+            self.ready = True
+            self.metrics.ready.set(1)
+            log.info("ready: %s", ", ".join(self.models))
+        except Exception as exc:
+            self.load_error = str(exc)
+            log.exception("warmup failed")
+        finally:
+            self._ready_event.set()
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Shutdown has begun: new requests are refused (503, `require_ready`), and every
+        request already accepted must be answered within grace_s: each call's deadline is
+        pulled in to the drain's, and one whose work cannot make it is answered 503 then."""
+        self.drain.begin(grace_s)
+        self.ready = False
+        self.metrics.ready.set(0)
+
+    async def stop(self) -> None:
+        """Drain: everything accepted is answered before the threads go."""
+        self.ready = False
+        self.metrics.ready.set(0)
+        for model in self:
+            for batcher in model.batchers:
+                await batcher.stop()

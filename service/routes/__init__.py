@@ -1,1 +1,0 @@
-"""HTTP routes; each module owns one family of endpoints."""

@@ -1,0 +1,112 @@
+"""Admission sized to capacity: what cannot finish by its deadline is refused at once, counting
+the work queued and running on every serving batcher of the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.engine.admission import Admission, Throughput
+from service.errors import Overloaded, PayloadTooLarge
+from tests.service.conftest import client_for
+from tests.service.engine.test_batcher import Recorder, held, run, seqs, soon, started
+from tests.service.fakes import FakeBackend, fake_loader, fake_manifest
+
+
+class Stub:
+    """A batcher as admission sees it: a throughput and seconds of work ahead."""
+
+    def __init__(self, tokens_per_s: float, backlog_s: float = 0.0) -> None:
+        self.throughput = Throughput(tokens_per_s)
+        self.backlog = backlog_s
+        self.reasons: list[str] = []
+
+    def backlog_s(self) -> float:
+        return self.backlog
+
+    def rejected(self, reason: str) -> None:
+        self.reasons.append(reason)
+
+
+def test_throughput_is_assumed_until_measured_then_token_weighted():
+    rate = Throughput(assumed=1000)
+    assert rate.tokens_per_s == 1000 and not rate.measured
+    rate.observe(100, 1.0)
+    rate.observe(900, 1.0)
+    assert rate.measured and rate.tokens_per_s == pytest.approx((100 * 0.9 + 900) / 1.9)
+
+
+def test_work_longer_than_the_deadline_is_413_naming_what_fits():
+    admission = Admission(timeout_s=30.0, padding_ratio=0.1)
+    b = Stub(5000)
+    admission.batchers.append(b)
+    with pytest.raises(PayloadTooLarge) as err:
+        admission.admit(b, [200] * 2048, 30.0)
+    message = err.value.message
+    assert "HEADWISE_REQUEST_TIMEOUT_S" in message and "send at most about" in message
+    fit = int(message.split("send at most about ")[1].split()[0])
+    admission.admit(b, [200] * fit, 30.0)  # what it names does fit
+    assert b.reasons == ["over_capacity"]
+
+
+def test_work_that_fits_alone_but_not_behind_the_work_ahead_is_429_with_retry_after():
+    admission = Admission(timeout_s=1.0, padding_ratio=0.0)
+    b = Stub(1000)
+    admission.batchers.append(b)
+    admission.admit(b, [100], 1.0)
+    b.backlog = 0.95
+    with pytest.raises(Overloaded) as err:
+        admission.admit(b, [100], 1.0)
+    assert err.value.retry_after >= 1 and b.reasons == ["queue_too_long"]
+
+
+def test_the_work_of_every_batcher_of_the_model_counts():
+    """/encode and /embed_all share the model's cores: each waits for both."""
+    admission = Admission(timeout_s=10.0, padding_ratio=0.0)
+    encode, tokens = Stub(1000), Stub(1000, backlog_s=9.95)
+    admission.batchers += [encode, tokens]
+    with pytest.raises(Overloaded):
+        admission.admit(encode, [100], 10.0)
+
+
+def test_time_already_spent_counts_against_the_deadline():
+    admission = Admission(timeout_s=10.0, padding_ratio=0.0)
+    b = Stub(1000)
+    admission.batchers.append(b)
+    admission.admit(b, [100], 10.0)
+    with pytest.raises(Overloaded):
+        admission.admit(b, [100], 0.05)  # 9.95 s of its deadline spent tokenising
+
+
+def test_the_batch_being_computed_counts_as_work_ahead():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, assumed_tokens_per_s=100)
+        before = b.backlog_s()
+        await held(rec, b)  # one text computing: nothing queued
+        running = b.backlog_s()
+        b.submit(seqs(40, 40), soon(5))  # 80 tokens queued behind it
+        queued = b.backlog_s()
+        rec.gate.set()
+        await b.stop()
+        return before, running, queued
+
+    before, running, queued = run(main())
+    assert before == 0 and running > 0
+    assert queued == pytest.approx(running + 0.8, abs=0.05)
+
+
+def test_an_oversized_request_is_refused_before_any_batch_is_computed():
+    backend = FakeBackend(fake_manifest("fake"))
+    with client_for(
+        Path("fake"), fake_loader(backend), capacity_tokens_per_s=50, request_timeout_s=1.0
+    ) as c:
+        r = c.post("/encode", json={"inputs": ["the cat and the dog"] * 20})
+        assert r.status_code == 413
+        assert "HEADWISE_REQUEST_TIMEOUT_S" in r.json()["error"]["message"]
+        assert backend.seen == []
+        assert c.post("/encode", json={"inputs": "the cat"}).status_code == 200
+        batcher = c.app.state.registry.models["fake"].embed.batcher
+        assert batcher.throughput.measured  # the batch it ran was measured
+        assert batcher.depth == 0

@@ -1,0 +1,427 @@
+"""DynamicBatcher: budget, size, deadline, grouping, splitting, overload, failures, cancellation,
+and a queue-depth gauge that is true on every path. Tests wait on events, never on time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from service.engine.batch_policy import BatchPolicy, Item, select_batch
+from service.engine.batcher import DynamicBatcher
+from service.errors import InferenceFailed, Overloaded, Unavailable
+from service.tensors import Batch
+
+
+class Recorder:
+    """A fake backend: each row's result is the sum of its ids; records every batch's shape.
+
+    `entered` is set when a batch reaches it; it waits there until `gate` is set.
+    """
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.batches: list[tuple[int, int]] = []
+        self.rows: list[int] = []
+        self.fail_on = fail_on
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def __call__(self, batch: Batch):
+        self.entered.set()
+        assert self.gate.wait(10)
+        self.batches.append(batch.input_ids.shape)
+        self.rows.extend(int(m.sum()) for m in batch.attention_mask)
+        if self.fail_on is not None and len(self.batches) == self.fail_on:
+            raise RuntimeError("boom: secret internals")
+        return (batch.input_ids * batch.attention_mask).sum(1)
+
+    async def wait_entered(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, 10), "no batch reached the backend"
+
+
+class Depths:
+    """A batch observer that records every queue depth the batcher reports."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def batch(self, size, padded, real, seconds) -> None:
+        pass
+
+    def queue_depth(self, texts: int) -> None:
+        self.seen.append(texts)
+
+    def rejected(self, reason: str) -> None:
+        pass
+
+    def capacity(self, tokens_per_s: float) -> None:
+        pass
+
+    @property
+    def last(self) -> int:
+        return self.seen[-1]
+
+
+def soon(seconds: float) -> float:
+    """A deadline this many seconds from now (negative: already passed)."""
+    return time.monotonic() + seconds
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def seqs(*lengths: int, start: int = 1) -> list[list[int]]:
+    return [[start + i] * n for i, n in enumerate(lengths)]
+
+
+async def started(recorder: Recorder, observer=None, **policy) -> DynamicBatcher:
+    b = DynamicBatcher(recorder, BatchPolicy(**policy), observer)
+    b.start()
+    return b
+
+
+async def held(rec: Recorder, b: DynamicBatcher) -> list[Item]:
+    """One text sent and held in the backend: everything submitted next waits in the queue."""
+    rec.gate.clear()
+    blocker = b.submit(seqs(1), soon(5))
+    await rec.wait_entered()
+    return blocker
+
+
+def test_results_go_back_to_their_own_callers_in_order():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_wait_s=0.0)
+        items = b.submit(seqs(3, 1, 4, 2), soon(5))
+        results = await asyncio.gather(*(it.future for it in items))
+        await b.stop()
+        return results
+
+    assert [int(r) for r in run(main())] == [3, 2, 12, 8]
+
+
+def test_token_budget_closes_a_batch():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_batch_tokens=40, max_wait_s=0.0, max_padding_ratio=1.0)
+        first = await held(rec, b)
+        rest = b.submit(seqs(*[10] * 8), soon(5))
+        rec.gate.set()
+        await asyncio.gather(*(it.future for it in first + rest))
+        await b.stop()
+        return rec.batches
+
+    batches = run(main())
+    assert batches[0] == (1, 1)
+    assert all(n * length <= 40 for n, length in batches)
+    assert [n for n, _ in batches[1:]] == [4, 4]
+
+
+def test_max_batch_size_closes_a_batch():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_batch_size=3, max_wait_s=0.0)
+        first = await held(rec, b)
+        items = b.submit(seqs(*[5] * 7), soon(5))
+        rec.gate.set()
+        await asyncio.gather(*(it.future for it in first + items))
+        await b.stop()
+        return rec.batches
+
+    assert [n for n, _ in run(main())] == [1, 3, 3, 1]
+
+
+def test_an_idle_batcher_runs_a_lone_text_without_waiting_for_company():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_wait_s=3600)  # would never finish if it waited
+        result = await b.submit(seqs(3), soon(5))[0].future
+        await b.stop()
+        return int(result)
+
+    assert run(main()) == 3
+
+
+def test_a_text_arriving_while_others_are_tokenised_waits_for_them_and_they_share_a_batch():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_wait_s=3600)
+        b.arriving = 1  # another request is being tokenised
+        first = b.submit(seqs(4), soon(5))
+        for _ in range(5):  # let the worker run: it must keep waiting
+            await asyncio.sleep(0)
+        assert not rec.entered.is_set()
+        b.arriving = 0  # the other request is submitted as its tokenisation ends
+        second = b.submit(seqs(4, start=9), soon(5))
+        await asyncio.gather(*(it.future for it in first + second))
+        await b.stop()
+        return rec.batches
+
+    assert run(main()) == [(2, 4)]
+
+
+def test_the_wait_for_company_ends_at_max_wait():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_wait_s=0.01)
+        b.arriving = 1  # nobody ever comes
+        result = await b.submit(seqs(2), soon(5))[0].future
+        await b.stop()
+        return int(result)
+
+    assert run(main()) == 2
+
+
+def test_similar_lengths_are_grouped_to_limit_padding():
+    q = [Item([1] * n, None, 0.0, 1e9) for n in (5, 50, 6, 52, 5, 49)]
+    batch = select_batch(q, BatchPolicy(max_padding_ratio=0.1))
+    assert sorted(it.length for it in batch) == [5, 5, 6]  # the oldest (5) and its neighbours
+
+
+def test_oldest_text_is_always_in_the_next_batch():
+    q = [Item([1] * n, None, float(i), 1e9) for i, n in enumerate((40, 5, 5, 5, 5))]
+    batch = select_batch(q, BatchPolicy(max_padding_ratio=0.1))
+    assert q[0] in batch
+
+
+def test_a_large_request_is_split_across_batches_and_reassembled():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_batch_size=4, max_wait_s=0.0, max_padding_ratio=1.0)
+        first = await held(rec, b)
+        sequences = seqs(*range(1, 12))
+        items = b.submit(sequences, soon(5))
+        rec.gate.set()
+        out = await asyncio.gather(*(it.future for it in items))
+        await first[0].future
+        await b.stop()
+        return sequences, out, rec.batches
+
+    sequences, out, batches = run(main())
+    assert len(batches) >= 4
+    assert [int(o) for o in out] == [sum(s) for s in sequences]
+
+
+def test_token_types_travel_with_their_texts():
+    seen = []
+
+    def infer(batch: Batch):
+        seen.extend(zip(batch.input_ids.tolist(), batch.token_type_ids.tolist(), strict=True))
+        return list(range(len(batch)))
+
+    async def main():
+        b = DynamicBatcher(infer, BatchPolicy(max_wait_s=0.0))
+        b.start()
+        items = b.submit([[5, 6, 7], [8, 9]], soon(5), types=[[0, 1, 1], [0, 0]])
+        await asyncio.gather(*(it.future for it in items))
+        await b.stop()
+
+    run(main())
+    assert sorted(seen) == [([5, 6, 7], [0, 1, 1]), ([8, 9, 0], [0, 0, 0])]
+
+
+def test_full_queue_refuses_at_once_and_keeps_what_it_had():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_queue=4, max_wait_s=0.0)
+        running = await held(rec, b)
+        queued = b.submit(seqs(2, 2, 2), soon(5))
+        with pytest.raises(Overloaded) as err:
+            b.submit(seqs(2, 2), soon(5))
+        assert err.value.retry_after and err.value.status == 429
+        assert b.depth == 3
+        rec.gate.set()
+        await asyncio.gather(*(it.future for it in running + queued))
+        await b.stop()
+
+    run(main())
+
+
+def test_a_failed_batch_fails_all_its_requests_and_the_worker_carries_on():
+    async def main():
+        rec = Recorder(fail_on=1)
+        b = await started(rec, max_wait_s=0.0, max_padding_ratio=1.0)
+        doomed = b.submit(seqs(3, 3, 3), soon(5))
+        errors = await asyncio.gather(*(it.future for it in doomed), return_exceptions=True)
+        later = await b.submit(seqs(2), soon(5))[0].future
+        await b.stop()
+        return errors, later
+
+    errors, later = run(main())
+    assert all(isinstance(e, InferenceFailed) for e in errors)
+    assert int(later) == 2
+
+
+def test_cancelled_texts_cost_no_compute():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_wait_s=0.0)
+        blocker = await held(rec, b)
+        gone = b.submit(seqs(7, 7), soon(5))
+        kept = b.submit(seqs(3), soon(5))
+        for it in gone:
+            it.future.cancel()
+        rec.gate.set()
+        await asyncio.gather(*(it.future for it in blocker + kept))
+        await b.stop()
+        return rec.rows
+
+    assert 7 not in run(main())
+
+
+def test_texts_past_their_deadline_are_answered_unavailable_not_computed():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_wait_s=0.0)
+        blocker = await held(rec, b)
+        late = b.submit(seqs(2), soon(-1.0))  # its deadline has already passed
+        rec.gate.set()
+        await blocker[0].future
+        with pytest.raises(Unavailable, match="deadline"):
+            await late[0].future
+        await b.stop()
+        return rec.rows
+
+    assert run(main()) == [1]
+
+
+def test_stop_finishes_accepted_work_then_refuses_new():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_batch_size=2, max_wait_s=0.0)
+        items = b.submit(seqs(2, 2, 2, 2, 2), soon(5))
+        await b.stop()
+        assert all(it.future.done() and not it.future.exception() for it in items)
+        with pytest.raises(Unavailable, match="shutting down"):
+            b.submit(seqs(1), soon(5))
+
+    run(main())
+
+
+# The queue-depth gauge (autoscalers scale on it) is updated on every path that changes it.
+
+
+def test_depth_counts_texts_on_enqueue_and_drops_when_a_batch_is_taken():
+    async def main():
+        rec, depths = Recorder(), Depths()
+        b = await started(rec, depths, max_wait_s=0.0, max_batch_size=2)
+        blocker = await held(rec, b)
+        assert depths.last == 0  # the blocker left the queue for the backend
+        queued = b.submit(seqs(2, 2, 2), soon(5))
+        assert depths.last == 3
+        rec.gate.set()
+        await asyncio.gather(*(it.future for it in blocker + queued))
+        await b.stop()
+        return depths
+
+    assert run(main()).last == 0
+
+
+def test_depth_drops_at_once_when_queued_texts_are_cancelled():
+    async def main():
+        rec, depths = Recorder(), Depths()
+        b = await started(rec, depths, max_wait_s=0.0)
+        blocker = await held(rec, b)
+        gone = b.submit(seqs(4, 4, 4), soon(5))
+        assert depths.last == 3
+        for it in gone:
+            it.future.cancel()
+        for _ in range(2):  # loop ticks, not time: the done-callbacks, then the prune they schedule
+            await asyncio.sleep(0)
+        depth_while_backend_busy = depths.last
+        rec.gate.set()
+        await blocker[0].future
+        await b.stop()
+        return depth_while_backend_busy
+
+    assert run(main()) == 0
+
+
+def test_depth_drops_when_queued_texts_expire():
+    async def main():
+        rec, depths = Recorder(), Depths()
+        b = await started(rec, depths, max_wait_s=0.0)
+        blocker = await held(rec, b)
+        late = b.submit(seqs(2, 2), soon(-1.0))
+        assert depths.last == 2
+        rec.gate.set()
+        await blocker[0].future
+        await asyncio.gather(*(it.future for it in late), return_exceptions=True)
+        await b.stop()
+        return depths.last
+
+    assert run(main()) == 0
+
+
+def test_depth_is_zero_after_a_drain_on_shutdown():
+    async def main():
+        rec, depths = Recorder(), Depths()
+        b = await started(rec, depths, max_wait_s=0.0, max_batch_size=1)
+        items = b.submit(seqs(1, 1, 1, 1), soon(5))
+        await b.stop()
+        assert all(it.future.done() for it in items)
+        return depths.last
+
+    assert run(main()) == 0
+
+
+class Threads:
+    """An infer that records which thread ran each batch."""
+
+    def __init__(self) -> None:
+        self.ran_on: list[threading.Thread] = []
+
+    def __call__(self, batch: Batch):
+        self.ran_on.append(threading.current_thread())
+        return batch.input_ids.sum(1)
+
+
+def test_a_small_batch_on_an_idle_batcher_runs_on_the_event_loop():
+    async def go():
+        infer = Threads()
+        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=8))
+        b.start()
+        (item,) = b.submit(seqs(3), soon(5))
+        assert await item.future == 3
+        await b.stop()
+        return infer.ran_on
+
+    assert run(go()) == [threading.current_thread()]
+
+
+@pytest.mark.parametrize(
+    ("inline_max_tokens", "lengths", "why"),
+    [(0, (3,), "inline runs off"), (8, (9,), "batch over the limit"), (8, (3, 3, 3), "3x3 > 8")],
+)
+def test_a_batch_runs_on_the_inference_thread_unless_small_and_alone(inline_max_tokens, lengths, why):
+    async def go():
+        infer = Threads()
+        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=inline_max_tokens))
+        b.start()
+        await asyncio.gather(*(it.future for it in b.submit(seqs(*lengths), soon(5))))
+        await b.stop()
+        return infer.ran_on
+
+    (thread,) = run(go())
+    assert thread is not threading.current_thread(), why
+
+
+def test_a_batch_with_others_still_queued_runs_on_the_inference_thread():
+    """Two texts, one per batch: the first leaves the second waiting (thread); the second is
+    then alone (loop)."""
+
+    async def go():
+        infer = Threads()
+        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=8, max_batch_size=1))
+        b.start()
+        await asyncio.gather(*(it.future for it in b.submit(seqs(2, 2), soon(5))))
+        await b.stop()
+        return infer.ran_on
+
+    first, second = run(go())
+    assert first is not threading.current_thread()
+    assert second is threading.current_thread()

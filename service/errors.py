@@ -50,6 +50,10 @@ class PayloadTooLarge(HeadwiseError):
     status, kind = 413, "payload_too_large"
 
 
+class UnsupportedMediaType(HeadwiseError):
+    status, kind = 415, "unsupported_media_type"
+
+
 class HeadersTooLarge(HeadwiseError):
     status, kind = 431, "request_header_fields_too_large"
 

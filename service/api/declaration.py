@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Discriminator, Tag, TypeAdapter
+from pydantic import BaseModel, Discriminator, RootModel, Tag, TypeAdapter, create_model
 from starlette.responses import Response
 from starlette.routing import compile_path
 
@@ -49,6 +49,25 @@ class Dialect:
     tag: str
     error_body: Callable[[ErrorInfo], object]  # -> a JSON-able body
     error_schema: type[BaseModel]  # that body, for the OpenAPI document
+
+
+def merged(name: str, tag: str, *dialects: Dialect) -> Dialect:
+    """The dialect of a path two vendors share: an error carries both vendors' fields, so that
+    either SDK finds what it reads (Cohere's `message` and Voyage's `detail`, say)."""
+
+    def error_body(e: ErrorInfo) -> dict[str, object]:
+        body: dict[str, object] = {}
+        for d in dialects:
+            part = d.error_body(e)
+            assert isinstance(part, dict)
+            body.update(part)
+        return body
+
+    fields: dict[str, Any] = {
+        f: (info.annotation, info) for d in dialects for f, info in d.error_schema.model_fields.items()
+    }
+    schema = create_model(f"{''.join(d.error_schema.__name__ for d in dialects)}", **fields)
+    return Dialect(name, tag, error_body, schema)
 
 
 @dataclass(frozen=True)
@@ -112,7 +131,8 @@ class Route:
             return str(pick(raw) if isinstance(raw, dict) else 0)
 
         tagged = tuple(Annotated[t, Tag(str(i))] for i, t in enumerate(types))
-        return Annotated[Union[tagged], Discriminator(tag)]  # noqa: UP007
+        # A root model, not a bare Annotated union: FastAPI drops a parameter's Discriminator.
+        return RootModel[Annotated[Union[tagged], Discriminator(tag)]]  # type: ignore[valid-type]  # noqa: UP007
 
     @cached_property
     def response(self) -> Any:
@@ -126,11 +146,14 @@ class Route:
         """Validates a raw JSON body into the route's request (built once)."""
         return TypeAdapter(self.request)
 
-    def variant_of(self, body: Any) -> Variant:
+    def variant_of(self, body: Any) -> tuple[Variant, Any]:
+        """The variant a validated body belongs to, and the body itself (unwrapped)."""
+        if isinstance(body, RootModel):
+            body = body.root
         for v in self.variants:
-            if v.request is not None and isinstance(body, v.request):
-                return v
-        return self.variants[0]
+            if isinstance(v.request, type) and isinstance(body, v.request):
+                return v, body
+        return self.variants[0], body
 
     def error_statuses(self) -> tuple[int, ...]:
         statuses = set(BASE_ERRORS) | set(self.errors)

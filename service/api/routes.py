@@ -9,10 +9,14 @@ what is declared, and that no other file of the service names a path.
 
 from __future__ import annotations
 
-from service.api import cohere, native, openai, ops, tei
+from service.api import cohere, infinity, mixedbread, native, openai, ops, tei, voyage
 from service.api.cohere import handlers as cohere_handlers
 from service.api.cohere import schemas as cohere_schemas
-from service.api.declaration import Route, RouteTable, Variant
+from service.api.declaration import Route, RouteTable, Variant, merged
+from service.api.infinity import handlers as infinity_handlers
+from service.api.infinity import schemas as infinity_schemas
+from service.api.mixedbread import handlers as mixedbread_handlers
+from service.api.mixedbread import schemas as mixedbread_schemas
 from service.api.native import handlers as native_handlers
 from service.api.native import schemas as native_schemas
 from service.api.openai import handlers as openai_handlers
@@ -20,12 +24,23 @@ from service.api.openai import schemas as openai_schemas
 from service.api.tei import handlers as tei_handlers
 from service.api.tei import schemas as tei_schemas
 from service.api.tei.info import Info
+from service.api.voyage import handlers as voyage_handlers
+from service.api.voyage import schemas as voyage_schemas
 
 HEADWISE, OPENAI, TEI, COHERE = native.DIALECT, openai.DIALECT, tei.DIALECT, cohere.DIALECT
+INFINITY, MIXEDBREAD = infinity.DIALECT, mixedbread.DIALECT
+# Paths two vendors share: errors carry both vendors' fields.
+COHERE_VOYAGE = merged("cohere", COHERE.tag, COHERE, voyage.DIALECT)
+OPENAI_VOYAGE = merged("openai", OPENAI.tag, OPENAI, voyage.DIALECT)
 
 
 def one(request: object, handler: object, response: object) -> tuple[Variant, ...]:
     return (Variant(request, handler, response),)  # type: ignore[arg-type]
+
+
+def second_if(*keys: str):  # noqa: ANN201 - a discriminator
+    """Picks the second variant when the raw body has any of these fields."""
+    return lambda body: int(any(k in body for k in keys))
 
 
 ROUTES: tuple[Route, ...] = (
@@ -127,15 +142,23 @@ ROUTES: tuple[Route, ...] = (
     # --- OpenAI -----------------------------------------------------------------------------
     Route(
         "/v1/embeddings",
-        OPENAI,
-        one(
-            openai_schemas.EmbeddingsRequest,
-            openai_handlers.embeddings,
-            openai_schemas.EmbeddingsResponse,
+        OPENAI_VOYAGE,
+        (
+            Variant(
+                openai_schemas.EmbeddingsRequest,
+                openai_handlers.embeddings,
+                openai_schemas.EmbeddingsResponse,
+            ),
+            Variant(
+                voyage_schemas.EmbeddingsRequest,
+                voyage_handlers.embeddings,
+                voyage_schemas.EmbeddingsResponse,
+            ),
         ),
         capability="embed",
         lane=True,
-        summary="OpenAI-compatible embeddings",
+        discriminator=second_if(*voyage_schemas.EMBED_KEYS),
+        summary="OpenAI-compatible embeddings (and Voyage's, told apart by its fields)",
     ),
     Route(
         "/v1/models",
@@ -211,10 +234,18 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "/rerank",
         TEI,
-        one(tei_schemas.RerankRequest, tei_handlers.rerank, tei_schemas.RerankResponse),
+        (
+            Variant(tei_schemas.RerankRequest, tei_handlers.rerank, tei_schemas.RerankResponse),
+            Variant(
+                infinity_schemas.RerankRequest,
+                infinity_handlers.rerank,
+                infinity_schemas.RerankResponse,
+            ),
+        ),
         capability="rerank",
         lane=True,
-        summary="TEI: score each text against the query, best first",
+        discriminator=second_if(infinity_schemas.RERANK_KEY),
+        summary="TEI: score each text against the query, best first (Infinity's with `documents`)",
     ),
     Route(
         "/predict",
@@ -224,18 +255,22 @@ ROUTES: tuple[Route, ...] = (
         lane=True,
         summary="TEI: every label's score for each text or pair",
     ),
-    # --- Cohere (and Jina) ------------------------------------------------------------------
+    # --- Cohere (and Jina, and Voyage's rerank) ---------------------------------------------
     Route(
         "/v1/rerank",
-        COHERE,
-        one(
-            cohere_schemas.RerankV1Request,
-            cohere_handlers.rerank_v1,
-            cohere_schemas.RerankV1Response,
+        COHERE_VOYAGE,
+        (
+            Variant(
+                cohere_schemas.RerankV1Request,
+                cohere_handlers.rerank_v1,
+                cohere_schemas.RerankV1Response,
+            ),
+            Variant(voyage_schemas.RerankRequest, voyage_handlers.rerank, voyage_schemas.RerankResponse),
         ),
         capability="rerank",
         lane=True,
-        summary="Cohere (v1) and Jina rerank",
+        discriminator=second_if(*voyage_schemas.RERANK_KEYS),
+        summary="Cohere (v1) and Jina rerank; Voyage's, told apart by its fields",
     ),
     Route(
         "/v2/rerank",
@@ -248,6 +283,66 @@ ROUTES: tuple[Route, ...] = (
         capability="rerank",
         lane=True,
         summary="Cohere rerank (v2)",
+    ),
+)
+
+ROUTES += (
+    Route(
+        "/v1/embed",
+        COHERE,
+        one(
+            cohere_schemas.EmbedV1Request,
+            cohere_handlers.embed_v1,
+            cohere_schemas.EmbedFloatsResponse | cohere_schemas.EmbedByTypeResponse,
+        ),
+        capability="embed",
+        lane=True,
+        summary="Cohere embed (v1): floats, or by type (int8, uint8, binary, ubinary, base64)",
+    ),
+    Route(
+        "/v2/embed",
+        COHERE,
+        one(
+            cohere_schemas.EmbedV2Request,
+            cohere_handlers.embed_v2,
+            cohere_schemas.EmbedByTypeResponse,
+        ),
+        capability="embed",
+        lane=True,
+        summary="Cohere embed (v2): by type, output_dimension, max_tokens",
+    ),
+    # --- Infinity ---------------------------------------------------------------------------
+    Route(
+        "/embeddings",
+        INFINITY,
+        one(
+            infinity_schemas.EmbeddingsRequest,
+            infinity_handlers.embeddings,
+            infinity_schemas.EmbeddingsResponse,
+        ),
+        capability="embed",
+        lane=True,
+        summary="Infinity: embeddings (OpenAI's shape without /v1)",
+    ),
+    Route(
+        "/models",
+        INFINITY,
+        one(None, infinity_handlers.models, infinity_schemas.ModelList),
+        method="GET",
+        summary="Infinity: the model list, with queue stats and capabilities",
+    ),
+    # --- Mixedbread -------------------------------------------------------------------------
+    Route(
+        "/v1/reranking",
+        MIXEDBREAD,
+        one(
+            mixedbread_schemas.RerankRequest,
+            mixedbread_handlers.rerank,
+            mixedbread_schemas.RerankResponse,
+        ),
+        capability="rerank",
+        lane=True,
+        summary="Mixedbread rerank: input strings or objects (rank_fields), top_k",
     ),
 )
 

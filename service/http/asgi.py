@@ -33,3 +33,16 @@ def replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replayed
+
+
+def content_type(scope: Scope) -> bytes | None:
+    """The request's media type, lower-cased, without parameters; None when not sent."""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return value.partition(b";")[0].strip().lower()
+    return None
+
+
+def is_json(kind: bytes) -> bool:
+    """application/json or application/*+json."""
+    return kind == b"application/json" or (kind.startswith(b"application/") and kind.endswith(b"+json"))

@@ -74,7 +74,9 @@ def log_error(state: MutableMapping[str, Any], route: str, exc: HeadwiseError) -
 
 
 def _location(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p != "body"]
+    """Where in the body: field names and list indices; not "body", nor the tag of the
+    variant a two-vendor route chose (a digit string: no field is named so)."""
+    parts = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and p.isdigit())]
     return ".".join(parts) or "body"
 
 

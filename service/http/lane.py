@@ -18,21 +18,18 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from service.api.declaration import Route
-from service.http.asgi import ASGIApp, Receive, Scope, Send, read_body, replay
+from service.http.asgi import (
+    ASGIApp,
+    Receive,
+    Scope,
+    Send,
+    content_type,
+    is_json,
+    read_body,
+    replay,
+)
 from service.http.errors import Answers
 from service.http.routing import dispatch
-
-
-def is_json(scope: Scope) -> bool:
-    """A JSON content type: application/json or application/*+json. A request without one is
-    FastAPI's (which refuses it, naming the content type)."""
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            kind = value.partition(b";")[0].strip().lower()
-            return kind == b"application/json" or (
-                kind.startswith(b"application/") and kind.endswith(b"+json")
-            )
-    return False
 
 
 class Lane:
@@ -49,7 +46,8 @@ class Lane:
             if scope["type"] == "http" and scope["method"] == "POST"
             else None
         )
-        if route is None or not is_json(scope):
+        kind = content_type(scope) if route is not None else None
+        if route is None or kind is None or not is_json(kind):  # the rest is FastAPI's
             await self.app(scope, receive, send)
             return
         raw = await read_body(receive)

@@ -15,8 +15,14 @@ import time
 import uuid
 
 from service.api.declaration import RouteTable
-from service.errors import HeadwiseError, PayloadTooLarge, RequestTimeout, Unauthorized
-from service.http.asgi import ASGIApp, Message, Receive, Scope, Send, replay
+from service.errors import (
+    HeadwiseError,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unauthorized,
+    UnsupportedMediaType,
+)
+from service.http.asgi import ASGIApp, Message, Receive, Scope, Send, content_type, is_json, replay
 from service.http.errors import Answers
 from service.http.routing import ARRIVED
 from service.metrics import Metrics
@@ -106,6 +112,13 @@ class HeadwiseMiddleware:
                     PayloadTooLarge(f"request body is larger than the limit of {self.max_body} bytes")
                 )
                 return
+            if (kind := self._not_json(scope)) is not None:
+                await refuse(
+                    UnsupportedMediaType(
+                        f"request body must be JSON (Content-Type: application/json), not {kind!r}"
+                    )
+                )
+                return
             state[ARRIVED] = time.monotonic()
             await self.app(scope, replay(body, receive), send_with_headers)
         finally:
@@ -133,6 +146,15 @@ class HeadwiseMiddleware:
                         "ms": round(seconds * 1e3, 3),
                     },
                 )
+
+    def _not_json(self, scope: Scope) -> str | None:
+        """The content type of a body sent to a JSON route as something else (None if fine:
+        JSON, or no content type at all, which is read as JSON)."""
+        route = self.table.match(scope["method"], scope["path"])
+        if route is None or route.request is None:
+            return None
+        kind = content_type(scope)
+        return None if kind is None or is_json(kind) else kind.decode("latin-1")
 
     def _declared_too_large(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:

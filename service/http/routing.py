@@ -35,8 +35,9 @@ async def dispatch(route: Route, body: Any, request: Request) -> Response:
         registry.require_ready()
     call = call_of(request, registry)
     ctx = Context(request, registry, call, route.capability)
+    variant, body = route.variant_of(body)
     try:
-        return await route.variant_of(body).handler(ctx, body)
+        return await variant.handler(ctx, body)
     except (HeadwiseError, Disconnected):
         raise
     except Exception as exc:  # noqa: BLE001 - answered as a 500 of the route's dialect, logged once

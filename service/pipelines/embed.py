@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -31,11 +32,32 @@ class Encoded:
 
 @dataclass(frozen=True)
 class Tokenizing:
-    """How inputs become token ids: cut at the model's length (or refused), from which side."""
+    """How inputs become token ids: cut at the model's length (or at max_tokens, when fewer;
+    false: refused instead), from which side, after which prompt."""
 
     truncate: bool = True
     side: Side = "right"
     prompt_name: str | None = None
+    max_tokens: int | None = None
+
+
+Role = Literal["query", "document", "classification", "clustering"]
+# The prompt names models give each role (sentence-transformers' `prompts`), most usual first.
+ROLE_PROMPTS: dict[Role, tuple[str, ...]] = {
+    "query": ("query", "search_query", "Query"),
+    "document": ("document", "passage", "search_document", "doc", "Document"),
+    "classification": ("classification", "Classification"),
+    "clustering": ("clustering", "Clustering"),
+}
+
+
+def shorten(ids: list[int], limit: int, side: Side) -> list[int]:
+    """A tokenised text cut to `limit` tokens, its first and last (special) tokens kept."""
+    if limit < 2:
+        return ids[:limit]
+    if side == "right":
+        return ids[: limit - 1] + ids[-1:]
+    return ids[:1] + ids[len(ids) - limit + 1 :]
 
 
 class EmbedPipeline:
@@ -79,6 +101,12 @@ class EmbedPipeline:
             )
         return prompts[prompt_name]
 
+    def prompt_for(self, role: Role | None) -> str | None:
+        """The model's prompt for a role (a query, a document, ...), or None: its default."""
+        if role is None:
+            return None
+        return next((n for n in ROLE_PROMPTS[role] if n in self.manifest.prompts), None)
+
     def prompted(self, inputs: list[Input], prompt_name: str | None) -> list[Input]:
         """Texts with the prompt prepended (sentence-transformers' way); token ids as given."""
         prefix = self.prompt(prompt_name)
@@ -101,7 +129,7 @@ class EmbedPipeline:
         """Token ids per input (texts tokenised, id arrays as given), truncated or refused."""
         texts = [t for t in inputs if isinstance(t, str)]
         encodings, _ = await call.tokenize(self.backend.tokenize, texts, True, how.side)
-        limit = self.manifest.max_length
+        limit = min(self.manifest.max_length, how.max_tokens or self.manifest.max_length)
         out: list[list[int]] = []
         truncated = 0
         encoded = iter(encodings)
@@ -109,11 +137,13 @@ class EmbedPipeline:
             if isinstance(item, str):
                 e = next(encoded)
                 cut, ids = bool(e.overflowing), e.ids
+                if len(ids) > limit:  # max_tokens: cut as the tokenizer would, specials kept
+                    cut, ids = True, shorten(ids, limit, how.side)
             else:
                 cut = len(item) > limit
                 ids = (item[:limit] if how.side == "right" else item[-limit:]) if cut else item
             if cut and not how.truncate:
-                await self._too_long(call, item, i)
+                await self._too_long(call, item, i, limit)
             truncated += cut
             out.append(ids)
         return Prepared(out, truncated=truncated)
@@ -156,10 +186,10 @@ class EmbedPipeline:
         )
         return [row[:n] for row, n in zip(ran.rows, ran.lengths, strict=True)]
 
-    async def _too_long(self, call: Call, item: Input, i: int) -> None:
+    async def _too_long(self, call: Call, item: Input, i: int, limit: int) -> None:
         n = await call.offload(self.backend.count_tokens, item) if isinstance(item, str) else len(item)
+        whose = "the model's limit" if limit == self.manifest.max_length else "the request's limit"
         raise PayloadTooLarge(
-            f"input {i} has {n} tokens; the model's limit is {self.manifest.max_length} "
-            "(send truncate: true to cut it)",
+            f"input {i} has {n} tokens; {whose} is {limit} (send truncate: true to cut it)",
             param="truncate",
         )

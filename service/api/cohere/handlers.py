@@ -6,8 +6,16 @@ import uuid
 
 from starlette.responses import Response
 
-from service.api.cohere.schemas import RerankV1Request, RerankV2Request
+from service.api.cohere.schemas import (
+    EmbedV1Request,
+    EmbedV2Request,
+    RerankV1Request,
+    RerankV2Request,
+)
 from service.api.context import Context
+from service.errors import InvalidInput
+from service.pipelines import quantize
+from service.pipelines.embed import EmbedPipeline, Role, Tokenizing
 from service.pipelines.score import ranked
 
 
@@ -54,5 +62,59 @@ async def rerank_v2(ctx: Context, body: RerankV2Request) -> Response:
             "billed_units": {"search_units": 1},
             "tokens": {"input_tokens": sum(out.tokens), "output_tokens": 0},
         },
+    }
+    return ctx.respond(payload, out.timings)
+
+
+ROLES: dict[str, Role] = {
+    "search_query": "query",
+    "search_document": "document",
+    "classification": "classification",
+    "clustering": "clustering",
+}
+
+
+def _tokenizing(pipe: EmbedPipeline, input_type: str | None, truncate: str, max_tokens: int | None = None) -> Tokenizing:
+    """Cohere's input_type as the model's own prompt for that role, its truncate as ours."""
+    if input_type == "image":
+        raise InvalidInput("input_type image: this server embeds text", param="input_type")
+    return Tokenizing(
+        truncate=truncate != "NONE",
+        side="left" if truncate == "START" else "right",
+        prompt_name=pipe.prompt_for(ROLES.get(input_type or "")),
+        max_tokens=max_tokens,
+    )
+
+
+def _meta(version: str, tokens: int) -> dict[str, object]:
+    return {"api_version": {"version": version}, "billed_units": {"input_tokens": tokens}}
+
+
+async def embed_v1(ctx: Context, body: EmbedV1Request) -> Response:
+    pipe = ctx.model(body.model).embed
+    assert pipe is not None
+    texts = pipe.validate(body.texts, "texts")
+    out = await pipe.embed(ctx.call, texts, _tokenizing(pipe, body.input_type, body.truncate), normalize=True)
+    common = {"id": str(uuid.uuid4()), "texts": body.texts, "meta": _meta("1", sum(out.tokens))}
+    if body.embedding_types is None:
+        payload = {"response_type": "embeddings_floats", "embeddings": out.vectors, **common}
+    else:
+        by_type = {kind: quantize.encode(out.vectors, kind) for kind in body.embedding_types}
+        payload = {"response_type": "embeddings_by_type", "embeddings": by_type, **common}
+    return ctx.respond(payload, out.timings)
+
+
+async def embed_v2(ctx: Context, body: EmbedV2Request) -> Response:
+    pipe = ctx.model(body.model).embed
+    assert pipe is not None
+    texts = pipe.validate(body.texts, "texts", body.output_dimension)
+    how = _tokenizing(pipe, body.input_type, body.truncate, body.max_tokens)
+    out = await pipe.embed(ctx.call, texts, how, normalize=True, dimensions=body.output_dimension)
+    payload = {
+        "id": str(uuid.uuid4()),
+        "response_type": "embeddings_by_type",
+        "embeddings": {kind: quantize.encode(out.vectors, kind) for kind in body.embedding_types},
+        "texts": body.texts,
+        "meta": _meta("2", sum(out.tokens)),
     }
     return ctx.respond(payload, out.timings)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt
 
-from service.api.fields import Compat, ModelName, Text
+from service.api.fields import Compat, CompatDimensions, ModelName, Text
 
 
 class Document(Compat):
@@ -51,6 +51,7 @@ class ApiVersion(BaseModel):
 
 class BilledUnits(BaseModel):
     search_units: int | None = None
+    input_tokens: int | None = None
 
 
 class Tokens(BaseModel):
@@ -81,3 +82,53 @@ class RerankV2Response(BaseModel):
     results: list[RerankResult]
     meta: Meta | None = None
     object: Literal["rerank"] | None = None
+
+
+# --- Embed (v1 and v2) -------------------------------------------------------------------
+
+InputType = Literal["search_document", "search_query", "classification", "clustering", "image"]
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+Truncate = Literal["NONE", "START", "END"]
+
+
+class EmbedV1Request(Compat):
+    texts: Annotated[list[Text], Field(min_length=1)]
+    model: ModelName = None
+    input_type: InputType | None = None
+    embedding_types: Annotated[list[EmbeddingType], Field(min_length=1)] | None = None
+    truncate: Truncate = "END"
+
+
+class EmbedV2Request(Compat):
+    texts: Annotated[list[Text], Field(min_length=1)]
+    model: Text  # required by Cohere's v2 API; any name works with one embedder served
+    input_type: InputType
+    embedding_types: Annotated[list[EmbeddingType], Field(min_length=1)] = ["float"]
+    truncate: Truncate = "END"
+    output_dimension: CompatDimensions = None
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+
+
+class EmbeddingsByType(BaseModel):
+    float_: list[list[float]] | None = Field(None, alias="float")
+    int8: list[list[int]] | None = None
+    uint8: list[list[int]] | None = None
+    binary: list[list[int]] | None = None
+    ubinary: list[list[int]] | None = None
+    base64: list[str] | None = None
+
+
+class EmbedFloatsResponse(BaseModel):
+    response_type: Literal["embeddings_floats"]
+    id: str
+    embeddings: list[list[float]]
+    texts: list[str]
+    meta: Meta | None = None
+
+
+class EmbedByTypeResponse(BaseModel):
+    response_type: Literal["embeddings_by_type"]
+    id: str
+    embeddings: EmbeddingsByType
+    texts: list[str]
+    meta: Meta | None = None

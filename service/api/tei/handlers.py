@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.responses import Response
+from tokenizers import Encoding
 
 from service.api.context import Context
 from service.api.tei.schemas import (
@@ -104,32 +105,45 @@ async def decode(ctx: Context, body: DecodeRequest) -> Response:
     return ctx.respond([backend.decode(ids, body.skip_special_tokens) for ids in arrays])
 
 
+def simple_tokens(text: str, encoding: Encoding) -> list[dict[str, object]]:
+    """TEI's SimpleTokens of one input, as TEI's router builds them: a special token has its
+    vocabulary string as text and no span; any other token has the input's own characters
+    (before normalisation) as text, and its span in UTF-8 bytes, as TEI's offsets are (Python's
+    tokenizers give character offsets: converted here)."""
+    byte_at = _byte_offsets(text)
+    return [
+        {"id": i, "text": tok, "special": True, "start": None, "stop": None}
+        if special
+        else {
+            "id": i,
+            "text": text[a:b],
+            "special": False,
+            "start": byte_at[a],
+            "stop": byte_at[b],
+        }
+        for i, tok, special, (a, b) in zip(
+            encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets, strict=True
+        )
+    ]
+
+
+def _byte_offsets(text: str) -> list[int]:
+    """Character index -> UTF-8 byte offset, for every index 0..len(text)."""
+    out = [0] * (len(text) + 1)
+    for i, ch in enumerate(text):
+        out[i + 1] = out[i] + len(ch.encode("utf-8", "surrogatepass"))
+    return out
+
+
 async def tokenize(ctx: Context, body: TokenizeRequest) -> Response:
-    """Each token with its id, its text (the input's own characters from start to stop, as
-    TEI slices them) and its span; special tokens have no span and their own text."""
+    """Each token with its id, text and span, as TEI answers (a list per input, always)."""
     model = ctx.model()
     texts = as_list(body.inputs, "inputs")
     check_texts(texts, ctx.settings, "inputs")
     if model.embed is not None:
         texts = model.embed.prompted(texts, body.prompt_name)
     encodings, _ = await ctx.call.tokenize(model.backend.tokenize, texts, body.add_special_tokens)
-    return ctx.respond(
-        [
-            [
-                {
-                    "id": i,
-                    "text": tok if special else text[s:e],
-                    "special": bool(special),
-                    "start": None if special else s,
-                    "stop": None if special else e,
-                }
-                for i, tok, special, (s, e) in zip(
-                    enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
-                )
-            ]
-            for text, enc in zip(texts, encodings, strict=True)
-        ],
-    )
+    return ctx.respond([simple_tokens(t, e) for t, e in zip(texts, encodings, strict=True)])
 
 
 async def embed_sparse(ctx: Context, body: Any) -> Response:

@@ -182,6 +182,26 @@ def test_tokenize_gives_teis_simple_tokens(tei):
     assert [t["text"] for t in tokens] == ["[CLS]", "the", "cat", "[SEP]"]
     assert [t["special"] for t in tokens] == [True, False, False, True]
     assert (tokens[2]["start"], tokens[2]["stop"]) == (4, 7)
+    assert (tokens[0]["start"], tokens[0]["stop"]) == (None, None)  # TEI: no span for specials
+
+
+def test_tokenize_texts_are_the_inputs_own_characters_and_spans_are_utf8_bytes(family_tokenizers):
+    """As TEI's router: the text before normalisation (not the lower-cased token), and byte
+    offsets, so that input.encode()[start:stop] is the token's text on non-ASCII input too."""
+    from tokenizers import Tokenizer
+
+    from service.api.tei.handlers import simple_tokens
+
+    tok = Tokenizer.from_file(str(family_tokenizers["wordpiece"]))  # lower-cases, strips accents
+    text = "Le Chat dort — café naïve 猫 sur le canapé"
+    tokens = simple_tokens(text, tok.encode(text))
+    raw = text.encode()
+    words = [t for t in tokens if not t["special"]]
+    assert words and all(raw[t["start"] : t["stop"]].decode() == t["text"] for t in words)
+    assert any(t["text"] == "Chat" for t in words)  # the input's own case, not "chat"
+    cat = next(t for t in words if t["text"] == "猫")
+    assert cat["stop"] - cat["start"] == 3  # one character, three bytes
+    assert [t["special"] for t in tokens][0] and tokens[0]["start"] is None
 
 
 def test_embed_sparse_is_a_4xx_that_says_why(tei):

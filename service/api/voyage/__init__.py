@@ -1,0 +1,23 @@
+"""Voyage AI's API, as its SDK calls it: rerank on `/v1/rerank` (beside Cohere's v1, told apart
+by the body) and embed on `/v1/embeddings` (beside OpenAI's). Its SDK reads an error's
+`detail`, a string."""
+
+from pydantic import BaseModel
+
+from service.api.declaration import Dialect, ErrorInfo
+
+
+class VoyageError(BaseModel):
+    detail: str
+
+
+def voyage_error(e: ErrorInfo) -> dict[str, object]:
+    return {"detail": e.message}
+
+
+DIALECT = Dialect("voyage", "Voyage-compatible", voyage_error, VoyageError)
+
+
+def is_voyage(body: dict[str, object], keys: tuple[str, ...]) -> bool:
+    """Voyage's SDK always sends these fields (null when unset); the others never do."""
+    return any(k in body for k in keys)

@@ -1,0 +1,65 @@
+"""Voyage's rerank and embed requests and answers (voyageai 0.5)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, StrictBool, StrictInt
+
+from service.api.fields import Compat, CompatDimensions, ModelName, Text, Texts
+
+# The fields by which a body is Voyage's rather than its neighbour's on the same path.
+RERANK_KEYS = ("top_k", "truncation")
+EMBED_KEYS = ("input_type", "truncation", "output_dtype", "output_dimension")
+
+
+class RerankRequest(Compat):
+    query: Text
+    documents: Annotated[list[Text], Field(min_length=1)]
+    model: ModelName = None
+    top_k: Annotated[StrictInt, Field(ge=1)] | None = None
+    truncation: StrictBool = True
+    return_documents: StrictBool = False
+
+
+class RerankResult(BaseModel):
+    relevance_score: float
+    index: int
+    document: str | None = None
+
+
+class Usage(BaseModel):
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    object: Literal["list"]
+    data: list[RerankResult]
+    model: str
+    usage: Usage
+
+
+OutputDtype = Literal["float", "int8", "uint8", "binary", "ubinary"]
+
+
+class EmbeddingsRequest(Compat):
+    input: Texts
+    model: ModelName = None
+    input_type: Literal["query", "document"] | None = None
+    truncation: StrictBool = True
+    output_dtype: OutputDtype = "float"
+    output_dimension: CompatDimensions = None
+    encoding_format: Literal["base64"] | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    embedding: list[float] | list[int] | str
+    index: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: Usage

@@ -22,6 +22,8 @@ NormPlacement = Literal["post", "pre"]
 Pooling = Literal["mean", "cls", "lasttoken"]
 AttentionImpl = Literal["explicit", "sdpa"]
 Architecture = Literal["bert", "roberta", "xlm-roberta", "distilbert", "mpnet"]
+# A family's sequence-classification head, as its checkpoints lay it out (models/heads.py).
+HeadKind = Literal["pooler_tanh", "dense_tanh", "dense_relu"]
 
 
 @dataclass(frozen=True)
@@ -96,13 +98,6 @@ class EncoderConfig:
     def max_length(self) -> int:
         """The longest input the position table allows (RoBERTa: 514 positions, 512 tokens)."""
         return self.max_positions - self.position_offset
-
-    @classmethod
-    def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> EncoderConfig:
-        """Build from a Hugging Face config.json of any supported family."""
-        from models.families import family_of
-
-        return cls(**{**family_of(hf).config(hf), **overrides})
 
     def replace(self, **changes: Any) -> EncoderConfig:
         values = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.heads import HeadKind
+from models.config import EncoderConfig, HeadKind
 
 GELU = ("gelu", "gelu_python")
 
@@ -220,3 +220,8 @@ def family_of(hf: dict[str, Any]) -> Family:
             return family
     known = sorted(t for f in FAMILIES for t in f.model_types)
     raise ValueError(f"unsupported model_type {model_type!r}: supported are {known}")
+
+
+def encoder_config(hf: dict[str, Any], **overrides: Any) -> EncoderConfig:
+    """The EncoderConfig of a Hugging Face config.json of any supported family."""
+    return EncoderConfig(**{**family_of(hf).config(hf), **overrides})

@@ -9,14 +9,10 @@ Cross-encoders (rerankers) are these with one label: the score is sigmoid(logit)
 
 from __future__ import annotations
 
-from typing import Literal
-
 from torch import Tensor, nn
 
-from models.config import EncoderConfig
+from models.config import EncoderConfig, HeadKind
 from models.encoder import Encoder
-
-HeadKind = Literal["pooler_tanh", "dense_tanh", "dense_relu"]
 
 
 class ClassificationHead(nn.Module):

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from models.config import EncoderConfig
 from models.encoder import SentenceEncoder
-from models.families import BERT, Family, family_of
+from models.families import BERT, Family, encoder_config, family_of
 from models.heads import SequenceClassifier
 from models.st_modules import read_config
 
@@ -159,7 +159,7 @@ def load_pretrained(
     task = _task(hf, task, len(labels))
     # Without a Pooling module sentence-transformers mean-pools; a head reads the first token.
     pooled = (pooling or st.pooling or "mean") if task == "embed" else "cls"
-    config = EncoderConfig.from_hf(
+    config = encoder_config(
         hf,
         pooling=pooled,
         attention_impl=attention_impl,

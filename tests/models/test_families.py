@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import EncoderConfig
-from models.families import BERT, DISTILBERT, MPNET, ROBERTA, family_of
+from models.families import BERT, DISTILBERT, MPNET, ROBERTA, encoder_config, family_of
 from models.pooling import last_token_pool
 from models.positions import position_ids, relative_bucket
 
@@ -21,7 +20,7 @@ BASE = {
 
 
 def test_roberta_positions_start_after_padding_and_it_has_one_token_type():
-    cfg = EncoderConfig.from_hf(
+    cfg = encoder_config(
         {
             **BASE,
             "model_type": "xlm-roberta",
@@ -35,7 +34,7 @@ def test_roberta_positions_start_after_padding_and_it_has_one_token_type():
 
 
 def test_distilbert_config_uses_its_own_keys_and_has_no_token_types():
-    cfg = EncoderConfig.from_hf(
+    cfg = encoder_config(
         {
             "model_type": "distilbert",
             "vocab_size": 100,
@@ -49,7 +48,7 @@ def test_distilbert_config_uses_its_own_keys_and_has_no_token_types():
 
 
 def test_mpnet_has_relative_attention_buckets():
-    cfg = EncoderConfig.from_hf({**BASE, "model_type": "mpnet", "pad_token_id": 1})
+    cfg = encoder_config({**BASE, "model_type": "mpnet", "pad_token_id": 1})
     assert cfg.relative_attention_buckets == 32 and cfg.type_vocab_size == 0
     assert cfg.position_offset == 2
 

@@ -112,3 +112,34 @@ def test_dropout_on_weights_only_in_training():
     mha.train()
     c, _ = mha(x)
     assert not torch.allclose(a, c)
+
+
+def test_grouped_query_attention_equals_mha_with_each_kv_head_repeated():
+    torch.manual_seed(0)
+    gqa = MultiHeadAttention(16, 4, n_kv_heads=2, head_dim=6).eval()
+    mha = MultiHeadAttention(16, 4, head_dim=6).eval()
+    mha.q_proj, mha.out_proj = gqa.q_proj, gqa.out_proj
+    for name in ("k_proj", "v_proj"):
+        w, b = getattr(gqa, name).weight.view(2, 6, 16), getattr(gqa, name).bias.view(2, 6)
+        # query head i reads kv head i // 2: kv heads 0, 0, 1, 1
+        getattr(mha, name).weight.data.copy_(w.repeat_interleave(2, 0).reshape(24, 16))
+        getattr(mha, name).bias.data.copy_(b.repeat_interleave(2, 0).reshape(24))
+    x, keep = torch.randn(2, 7, 16), torch.ones(2, 7)
+    keep[1, 4:] = 0
+    out, w = gqa(x, key_padding_mask=keep, need_weights=True)
+    want, want_w = mha(x, key_padding_mask=keep, need_weights=True)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(w, want_w)
+    gqa.impl = "sdpa"
+    fast, _ = gqa(x, key_padding_mask=keep)
+    torch.testing.assert_close(fast, out, atol=1e-5, rtol=1e-5)
+
+
+def test_scores_are_divided_by_the_square_root_of_scale_dim():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2, scale_dim=9).eval()
+    x = torch.randn(1, 4, 8)
+    _, w = mha(x, need_weights=True)
+    q = mha.q_proj(x).view(1, 4, 2, 4).transpose(1, 2)
+    k = mha.k_proj(x).view(1, 4, 2, 4).transpose(1, 2)
+    torch.testing.assert_close(w, torch.softmax(q @ k.transpose(-1, -2) / 3.0, dim=-1))

@@ -72,19 +72,23 @@ def read_state_dict(folder: Path) -> dict[str, Tensor]:
 
 
 def assign_weights(
-    model: nn.Module, hf_state: dict[str, Tensor], family: Family = BERT, with_head: bool = False
+    model: nn.Module,
+    hf_state: dict[str, Tensor],
+    family: Family = BERT,
+    with_head: bool = False,
+    extra: dict[str, Tensor] | None = None,
 ) -> None:
+    """Checkpoint tensors (mapped by the family's rules) plus `extra` ones already named ours
+    -> the model; anything missing, unexpected or mis-shaped is named."""
     ours = model.state_dict()
-    mapped: dict[str, Tensor] = {}
+    mapped: dict[str, Tensor] = dict(extra or {})
     unexpected: list[str] = []
     for hf_name, tensor in hf_state.items():
-        name = family.to_ours(hf_name, with_head)
-        if name is None:
-            continue
-        if name not in ours:
-            unexpected.append(hf_name)
-            continue
-        mapped[name] = tensor
+        for name, part in family.tensors(hf_name, tensor, with_head):
+            if name in ours:
+                mapped[name] = part
+            elif not family.is_unused(name):
+                unexpected.append(hf_name)
     # Buffers we compute ourselves (sinusoidal tables) are never in a checkpoint.
     needed = {k for k in ours if not k.endswith("sinusoid")}
     missing = sorted(needed - mapped.keys())
@@ -97,7 +101,7 @@ def assign_weights(
     if missing:
         problems.append(f"missing tensors: {', '.join(missing)}")
     if unexpected:
-        problems.append(f"unexpected tensors: {', '.join(sorted(unexpected))}")
+        problems.append(f"unexpected tensors: {', '.join(sorted(set(unexpected)))}")
     if misshaped:
         problems.append(f"mis-shaped tensors: {'; '.join(misshaped)}")
     if problems:
@@ -157,8 +161,11 @@ def load_pretrained(
     st = read_config(folder)
     labels = _labels(hf)
     task = _task(hf, task, len(labels))
-    # Without a Pooling module sentence-transformers mean-pools; a head reads the first token.
-    pooled = (pooling or st.pooling or "mean") if task == "embed" else "cls"
+    if task != "embed" and family.head_kind is None:
+        raise ValueError(f"{family.architecture}: sequence-classification heads are not supported")
+    # Without a Pooling module sentence-transformers mean-pools; a head pools as its family's
+    # checkpoint says (the first token, or ModernBERT's classifier_pooling).
+    pooled = (pooling or st.pooling or "mean") if task == "embed" else family.head_pooling(hf)
     config = encoder_config(
         hf,
         pooling=pooled,

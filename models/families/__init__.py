@@ -13,8 +13,9 @@ from models.config import EncoderConfig
 from models.families.base import Family
 from models.families.bert import BERT, DISTILBERT, MPNET, ROBERTA
 from models.families.modernbert import MODERNBERT
+from models.families.nomic import NOMIC, NOMIC_REMOTE
 
-FAMILIES = (BERT, ROBERTA, DISTILBERT, MPNET, MODERNBERT)
+FAMILIES = (BERT, ROBERTA, DISTILBERT, MPNET, MODERNBERT, NOMIC, NOMIC_REMOTE)
 
 
 def family_of(hf: dict[str, Any]) -> Family:
@@ -39,6 +40,8 @@ __all__ = [
     "FAMILIES",
     "MODERNBERT",
     "MPNET",
+    "NOMIC",
+    "NOMIC_REMOTE",
     "ROBERTA",
     "Family",
     "encoder_config",

@@ -34,7 +34,7 @@ class Family:
     prefix: str  # the base model's prefix inside task checkpoints ("roberta.")
     config: Callable[[dict[str, Any]], dict[str, Any]]  # config.json -> EncoderConfig values
     exact: dict[str, str]  # whole names (after the prefix)
-    layer_prefix: str  # "encoder.layer" / "transformer.layer"
+    layer_prefix: str | tuple[str, ...]  # "encoder.layer" / "transformer.layer" / either of
     layer: dict[str, Target]  # inside one layer
     head: dict[str, str]  # classification-head modules, as named in the checkpoint
     head_kind: HeadKind | None  # None: no sequence-classification checkpoints
@@ -68,7 +68,8 @@ class Family:
         stem, _, kind = name.rpartition(".")
         if stem in self.exact:
             return f"{self.exact[stem]}.{kind}"
-        m = re.match(rf"^{re.escape(self.layer_prefix)}\.(\d+)\.(.+)$", stem)
+        prefixes = (self.layer_prefix,) if isinstance(self.layer_prefix, str) else self.layer_prefix
+        m = re.match(rf"^(?:{'|'.join(map(re.escape, prefixes))})\.(\d+)\.(.+)$", stem)
         if m and m.group(2) in self.layer:
             target = self.layer[m.group(2)]
             parts = (target,) if isinstance(target, str) else target

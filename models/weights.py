@@ -21,7 +21,7 @@ from models.config import EncoderConfig
 from models.encoder import SentenceEncoder
 from models.families import BERT, Family, encoder_config, family_of
 from models.heads import SequenceClassifier
-from models.st_modules import read_config
+from models.st_modules import DenseModule, read_config
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,10 @@ def assign_weights(
     extra: dict[str, Tensor] | None = None,
 ) -> None:
     """Checkpoint tensors (mapped by the family's rules) plus `extra` ones already named ours
-    -> the model; anything missing, unexpected or mis-shaped is named."""
+    (Dense modules) -> the model; anything missing, unexpected or mis-shaped is named."""
     ours = model.state_dict()
-    mapped: dict[str, Tensor] = dict(extra or {})
-    unexpected: list[str] = []
+    mapped = {k: v for k, v in (extra or {}).items() if k in ours}
+    unexpected = [k for k in extra or {} if k not in ours]
     for hf_name, tensor in hf_state.items():
         for name, part in family.tensors(hf_name, tensor, with_head):
             if name in ours:
@@ -107,6 +107,15 @@ def assign_weights(
     if problems:
         raise WeightLoadError("checkpoint does not match the encoder: " + " | ".join(problems))
     model.load_state_dict({**ours, **{k: v.float() for k, v in mapped.items()}})
+
+
+def dense_weights(dense: tuple[DenseModule, ...]) -> dict[str, Tensor]:
+    """sentence-transformers' Dense modules' `linear.*` tensors, named as our pooling's."""
+    tensors = {}
+    for i, module in enumerate(dense):
+        for name, tensor in read_state_dict(module.folder).items():
+            tensors[f"pool.dense.{i}.{name.removeprefix('linear.')}"] = tensor
+    return tensors
 
 
 def _labels(hf: dict[str, Any]) -> list[str]:
@@ -166,18 +175,22 @@ def load_pretrained(
     # Without a Pooling module sentence-transformers mean-pools; a head pools as its family's
     # checkpoint says (the first token, or ModernBERT's classifier_pooling).
     pooled = (pooling or st.pooling or "mean") if task == "embed" else family.head_pooling(hf)
+    dense = st.dense if task == "embed" else ()
     config = encoder_config(
         hf,
         pooling=pooled,
         attention_impl=attention_impl,
         dropout=0.0,
         attn_dropout=0.0,
+        dense_layers=tuple(d.shape for d in dense),
     )
+    if dense and dense[0].in_features != config.d_model:
+        raise ValueError(f"{dense[0].folder}: in_features is not the model's {config.d_model}")
     if task == "embed":
         model: nn.Module = SentenceEncoder(config)
     else:
         model = SequenceClassifier(config, len(labels), family.head_kind)
-    assign_weights(model, read_state_dict(folder), family, with_head=task != "embed")
+    assign_weights(model, read_state_dict(folder), family, task != "embed", dense_weights(dense))
     model.eval()
     length = _max_length(folder, config, max_length, st.max_length)
     log.info(

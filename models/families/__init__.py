@@ -12,10 +12,11 @@ from typing import Any
 from models.config import EncoderConfig
 from models.families.base import Family
 from models.families.bert import BERT, DISTILBERT, MPNET, ROBERTA
+from models.families.gemma import GEMMA3
 from models.families.modernbert import MODERNBERT
 from models.families.nomic import NOMIC, NOMIC_REMOTE
 
-FAMILIES = (BERT, ROBERTA, DISTILBERT, MPNET, MODERNBERT, NOMIC, NOMIC_REMOTE)
+FAMILIES = (BERT, ROBERTA, DISTILBERT, MPNET, MODERNBERT, NOMIC, NOMIC_REMOTE, GEMMA3)
 
 
 def family_of(hf: dict[str, Any]) -> Family:
@@ -38,6 +39,7 @@ __all__ = [
     "BERT",
     "DISTILBERT",
     "FAMILIES",
+    "GEMMA3",
     "MODERNBERT",
     "MPNET",
     "NOMIC",

@@ -12,11 +12,12 @@ from typing import Any
 from models.config import EncoderConfig
 from models.families.base import Family
 from models.families.bert import BERT, DISTILBERT, MPNET, ROBERTA
+from models.families.deberta import DEBERTA_V2
 from models.families.gemma import GEMMA3
 from models.families.modernbert import MODERNBERT
 from models.families.nomic import NOMIC, NOMIC_REMOTE
 
-FAMILIES = (BERT, ROBERTA, DISTILBERT, MPNET, MODERNBERT, NOMIC, NOMIC_REMOTE, GEMMA3)
+FAMILIES = (BERT, ROBERTA, DISTILBERT, MPNET, MODERNBERT, NOMIC, NOMIC_REMOTE, GEMMA3, DEBERTA_V2)
 
 
 def family_of(hf: dict[str, Any]) -> Family:
@@ -37,6 +38,7 @@ def encoder_config(hf: dict[str, Any], **overrides: Any) -> EncoderConfig:
 
 __all__ = [
     "BERT",
+    "DEBERTA_V2",
     "DISTILBERT",
     "FAMILIES",
     "GEMMA3",

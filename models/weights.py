@@ -2,8 +2,9 @@
 
 The folder holds config.json, model.safetensors (or pytorch_model.bin, read with
 weights_only=True: never arbitrary unpickling) and tokenizer.json, plus sentence-transformers'
-module configs when present (models/st_modules.py). A `*ForSequenceClassification` checkpoint
-becomes an encoder with its classification head (task rerank with one label, else classify).
+module configs when present (models/st_modules.py), with the weights of its Dense modules. A
+`*ForSequenceClassification` checkpoint becomes an encoder with its classification head (task
+rerank with one label, else classify); a family without a reproduced head refuses one.
 """
 
 from __future__ import annotations

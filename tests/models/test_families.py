@@ -9,6 +9,9 @@ import torch
 from models.families import BERT, DISTILBERT, MPNET, ROBERTA, encoder_config, family_of
 from models.pooling import last_token_pool
 from models.positions import position_ids, relative_bucket
+from models.weights import load_pretrained
+from tests.models import test_deberta, test_gemma, test_modernbert, test_nomic
+from tests.models.checkpoints import batch, save_checkpoint
 
 BASE = {
     "vocab_size": 100,
@@ -122,3 +125,27 @@ def test_last_token_pooling_follows_the_mask_on_either_side():
     left = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])
     assert last_token_pool(hidden, right)[:, 0].tolist() == [1.0, 7.0]
     assert last_token_pool(hidden, left)[:, 0].tolist() == [3.0, 7.0]
+
+
+# Pre-training checkpoints (what the Hub mostly holds) load as embedders: the task head is
+# skipped by name and the base model's prefix stripped. family -> (class, config, base attr).
+PRETRAINING = {
+    "modernbert": ("ModernBertForMaskedLM", "ModernBertConfig", "model", test_modernbert),
+    "nomic-bert": ("NomicBertForMaskedLM", "NomicBertConfig", "nomic_bert", test_nomic),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", "model", test_gemma),
+    "deberta-v2": ("DebertaV2ForMaskedLM", "DebertaV2Config", "deberta", test_deberta),
+}
+
+
+@pytest.mark.parametrize("family", list(PRETRAINING))
+def test_pretraining_checkpoints_load_as_their_base_encoder(family, tmp_path):
+    model_class, config_class, base, tests = PRETRAINING[family]
+    hf = save_checkpoint(tmp_path, model_class, config_class, **tests.CONFIG)
+    loaded = load_pretrained(tmp_path)
+    assert (loaded.config.architecture, loaded.task) == (family, "embed")
+    ids, mask = batch([12, 7])
+    extra = {"use_cache": False} if family == "gemma3" else {}
+    with torch.no_grad():
+        want = getattr(hf, base)(input_ids=ids, attention_mask=mask, **extra).last_hidden_state
+        got = loaded.model.encoder(ids, mask).hidden
+    assert (got - want)[mask.bool()].abs().max() < 1e-4

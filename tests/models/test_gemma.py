@@ -25,6 +25,7 @@ from tests.models.checkpoints import (
     save_checkpoint,
     theirs,
     write_st_modules,
+    write_tokenizer,
 )
 
 CONFIG = {
@@ -105,6 +106,15 @@ def test_attention_soft_capping_is_refused_as_transformers_gemma3_ignores_it():
 def test_a_causal_gemma_is_refused():
     with pytest.raises(ValueError, match="use_bidirectional_attention"):
         encoder_config({**CONFIG, "model_type": "gemma3_text", "use_bidirectional_attention": 0})
+
+
+def test_a_sequence_classification_checkpoint_is_refused_by_family(tmp_path):
+    hf = {**CONFIG, "model_type": "gemma3_text"}
+    hf["architectures"] = ["Gemma3ForSequenceClassification"]
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    write_tokenizer(tmp_path)
+    with pytest.raises(ValueError, match="gemma3: sequence-classification"):
+        load_pretrained(tmp_path)
 
 
 def embeddinggemma_folder(folder):

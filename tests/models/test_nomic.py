@@ -17,7 +17,15 @@ import torch
 from models.families import NOMIC, NOMIC_REMOTE, encoder_config, family_of
 from models.weights import load_pretrained
 from tests.models import nomic_remote
-from tests.models.checkpoints import TOLERANCE, batch, diffs, ours, save_checkpoint, theirs
+from tests.models.checkpoints import (
+    TOLERANCE,
+    batch,
+    diffs,
+    mean_pool,
+    ours,
+    save_checkpoint,
+    theirs,
+)
 
 CONFIG = {
     "vocab_size": 100,
@@ -137,11 +145,21 @@ def test_remote_switches_headwise_does_not_reproduce_are_refused_by_name(change)
         encoder_config(nomic_remote.remote_config(**change))
 
 
-def test_sentence_embedding_tolerance_holds_for_the_pooled_mean(checkpoint):
+def test_sentence_embedding_is_the_mean_of_transformers_tokens(checkpoint):
     folder, hf = checkpoint
     ids, mask = batch(LENGTHS["long"], "left")
     with torch.no_grad():
         pooled, _ = load_pretrained(folder).model(ids, mask)
-    hidden = theirs(hf, ids, mask)[0]
-    m = mask[:, :, None].float()
-    assert (pooled - (hidden * m).sum(1) / m.sum(1)).abs().max() < TOLERANCE
+    assert (pooled - mean_pool(theirs(hf, ids, mask)[0], mask)).abs().max() < TOLERANCE
+
+
+def test_sequence_classification_logits_match_transformers(tmp_path):
+    hf = save_checkpoint(
+        tmp_path, "NomicBertForSequenceClassification", "NomicBertConfig", **CONFIG, num_labels=3
+    )
+    loaded = load_pretrained(tmp_path)
+    ids, mask = batch(LENGTHS["long"])
+    with torch.no_grad():
+        logits, _ = loaded.model(ids, mask)
+        want = hf(input_ids=ids, attention_mask=mask).logits
+    assert loaded.task == "classify" and (logits - want).abs().max() < TOLERANCE

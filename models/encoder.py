@@ -33,6 +33,13 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: EncoderConfig, index: int = 0) -> None:
         super().__init__()
         eps, kind = cfg.layer_norm_eps, cfg.norm_kind
+        relative = (
+            DisentangledScores(
+                cfg.d_model, cfg.n_heads, cfg.d_k, cfg.disentangled, cfg.share_att_key
+            )
+            if cfg.disentangled
+            else None
+        )
         self.attn = MultiHeadAttention(
             cfg.d_model,
             cfg.n_heads,
@@ -44,11 +51,7 @@ class EncoderLayer(nn.Module):
             scale_dim=cfg.scale_dim,
             softcap=cfg.attn_softcap,
             qk_norm=(lambda d: make_norm(kind, d, eps)) if cfg.qk_norm else None,
-            relative=DisentangledScores(
-                cfg.d_model, cfg.n_heads, cfg.d_k, cfg.disentangled, cfg.share_att_key
-            )
-            if cfg.disentangled
-            else None,
+            relative=relative,
         )
         self.ffn = make_ffn(cfg.ffn_kind, cfg.d_model, cfg.d_ff, cfg.ffn_bias)
         norm = lambda: make_norm(kind, cfg.d_model, eps, cfg.norm_bias)  # noqa: E731

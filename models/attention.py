@@ -6,6 +6,15 @@
 B is an optional additive score bias per head (MPNet's relative positions); ONNX Runtime's
 fused Attention takes it as its `attention_bias` input.
 
+What the newer encoders add, each a switch of this one module:
+- grouped-query attention (Ainslie et al. 2023): n_kv_heads < n_heads key/value heads, each
+  shared by a group of n_heads / n_kv_heads query heads (Gemma 3);
+- a head size and a score scale of their own (Gemma's head_dim and query_pre_attn_scalar,
+  DeBERTa's √(3 d_k)): scores are divided by √scale_dim, d_k unless given;
+- per-head RMSNorm of q and k before rotary (Gemma 3), rotary positions (models/rotary.py),
+  a local window (models/windows.py), DeBERTa's disentangled terms (models/disentangled.py),
+  and tanh soft-capping of the scores (Gemma 2 style: cap · tanh(s / cap)).
+
 Masks are additive: 0 where a key may be attended, MASK_VALUE where it may not. A finite
 MASK_VALUE (not -inf) keeps a row whose keys are all masked finite: it becomes uniform
 instead of NaN. The explicit path is also the graph shape that ONNX Runtime's BERT optimizer
@@ -15,10 +24,13 @@ fuses into one Attention node.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from models.rotary import apply_rotary
 
 # exp(-10000) underflows to exactly 0 in float32 and float16 alike; ONNX Runtime's fused
 # Attention uses the same value (its mask_filter_value default).
@@ -38,6 +50,14 @@ def causal_mask(n_q: int, n_k: int, device: torch.device, dtype: torch.dtype) ->
     return (~allowed).to(dtype)[None, None] * MASK_VALUE  # (1, 1, N_q, N_k)
 
 
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(B, h_kv, N, d_k) -> (B, h_kv·groups, N, d_k): query head i reads kv head i // groups."""
+    if groups == 1:
+        return x
+    x = x[:, :, None].expand(-1, -1, groups, -1, -1)  # (B, h_kv, groups, N, d_k)
+    return x.flatten(1, 2)  # (B, h, N, d_k)
+
+
 class MultiHeadAttention(nn.Module):
     def __init__(
         self,
@@ -46,31 +66,50 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         impl: str = "explicit",
+        *,
+        n_kv_heads: int = 0,
+        head_dim: int = 0,
+        scale_dim: int = 0,
+        softcap: float = 0.0,
+        qk_norm: Callable[[int], nn.Module] | None = None,
+        relative: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        if d_model % n_heads != 0:
+        if not head_dim and d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if impl not in ("explicit", "sdpa"):
             raise ValueError(f"impl must be 'explicit' or 'sdpa', got {impl!r}")
+        n_kv_heads = n_kv_heads or n_heads
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+        if softcap and impl == "sdpa":
+            raise ValueError("the sdpa path cannot soft-cap scores: use the explicit path")
         self.d_model = d_model
         self.n_heads = n_heads
-        self.d_k = d_model // n_heads
+        self.n_kv_heads = n_kv_heads
+        self.groups = n_heads // n_kv_heads
+        self.d_k = head_dim or d_model // n_heads
+        self.scale_dim = scale_dim or self.d_k  # scores are divided by √scale_dim
+        self.softcap = softcap
         self.impl = impl
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W_Q for all heads at once
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W_K
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W_V
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O
+        self.q_proj = nn.Linear(d_model, n_heads * self.d_k, bias=bias)  # W_Q for all heads
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_k, bias=bias)  # W_K
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_k, bias=bias)  # W_V
+        self.out_proj = nn.Linear(n_heads * self.d_k, d_model, bias=bias)  # W_O
+        self.q_norm = qk_norm(self.d_k) if qk_norm else None
+        self.k_norm = qk_norm(self.d_k) if qk_norm else None
+        self.relative = relative  # DisentangledScores, or None
 
-    def _split_heads(self, x: Tensor) -> Tensor:
+    def _split_heads(self, x: Tensor, heads: int) -> Tensor:
         b, n, _ = x.shape
-        # (B, N, d) -> (B, N, h, d_k) -> (B, h, N, d_k)
-        return x.view(b, n, self.n_heads, self.d_k).permute(0, 2, 1, 3)
+        # (B, N, h·d_k) -> (B, N, h, d_k) -> (B, h, N, d_k)
+        return x.view(b, n, heads, self.d_k).permute(0, 2, 1, 3)
 
     def _merge_heads(self, x: Tensor) -> Tensor:
         b, _, n, _ = x.shape
-        # (B, h, N, d_k) -> (B, N, h, d_k) -> (B, N, d)
-        return x.permute(0, 2, 1, 3).reshape(b, n, self.d_model)
+        # (B, h, N, d_k) -> (B, N, h, d_k) -> (B, N, h·d_k)
+        return x.permute(0, 2, 1, 3).reshape(b, n, self.n_heads * self.d_k)
 
     def forward(
         self,
@@ -81,18 +120,29 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         need_weights: bool = False,
         bias: Tensor | None = None,
+        *,
+        window: Tensor | None = None,
+        rotary: tuple[Tensor, Tensor] | None = None,
+        relative: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """query (B, N_q, d); key/value (B, N_k, d), default: self-attention on query.
 
         key_padding_mask: (B, N_k), 1 = real token, 0 = padding.
         bias: additive scores (1 or B, h, N_q, N_k), added after the mask.
+        window: additive band (1, 1, N_q, N_k) of a local layer, added to the padding mask.
+        rotary: cos, sin (N, r) for the positions 0 … N-1 of queries and keys alike.
+        relative: DeBERTa's shared relative embeddings (2S, d) and bucketed i - j (N_q, N_k).
         Returns the output (B, N_q, d) and, with need_weights, the probabilities (B, h, N_q, N_k).
         """
         key = query if key is None else key
         value = key if value is None else value
-        q = self._split_heads(self.q_proj(query))  # (B, h, N_q, d_k)
-        k = self._split_heads(self.k_proj(key))  # (B, h, N_k, d_k)
-        v = self._split_heads(self.v_proj(value))  # (B, h, N_k, d_k)
+        q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, h, N_q, d_k)
+        k = self._split_heads(self.k_proj(key), self.n_kv_heads)  # (B, h_kv, N_k, d_k)
+        v = self._split_heads(self.v_proj(value), self.n_kv_heads)  # (B, h_kv, N_k, d_k)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # RMS over each head's d_k channels
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
 
         mask = None
         if key_padding_mask is not None:
@@ -100,16 +150,37 @@ class MultiHeadAttention(nn.Module):
         if causal:
             c = causal_mask(q.shape[2], k.shape[2], q.device, q.dtype)  # (1, 1, N_q, N_k)
             mask = c if mask is None else mask + c
+        if window is not None:
+            mask = window if mask is None else mask + window  # (B, 1, N_q, N_k)
+        extra = None  # disentangled terms, unscaled: (B, h, N_q, N_k)
+        if self.relative is not None and relative is not None:
+            extra = self.relative(q, k, *relative, self.q_proj, self.k_proj)
 
         p_drop = self.dropout if self.training else 0.0
         if self.impl == "sdpa" and not need_weights:
+            if extra is not None:  # sdpa scales q·kᵀ only: hand it the terms scaled
+                extra = extra / math.sqrt(self.scale_dim)
+                mask = extra if mask is None else mask + extra
             if bias is not None:
                 mask = bias if mask is None else mask + bias  # (B, h, N_q, N_k)
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop)
+            context = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=p_drop,
+                scale=1.0 / math.sqrt(self.scale_dim),
+                enable_gqa=self.groups > 1,
+            )
             return self.out_proj(self._merge_heads(context)), None
 
+        k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, h, N_k, d_k)
         scores = torch.matmul(q, k.transpose(-1, -2))  # (B, h, N_q, N_k)
-        scores = scores / math.sqrt(self.d_k)
+        if extra is not None:
+            scores = scores + extra
+        scores = scores / math.sqrt(self.scale_dim)
+        if self.softcap:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
         if mask is not None:
             scores = scores + mask
         # The bias is its own Add after the mask's: export detaches it, lets ONNX Runtime fuse

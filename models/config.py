@@ -1,7 +1,8 @@
 """EncoderConfig: every architectural number of the encoder, validated on construction.
 
-One encoder serves every family (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet); what differs
-between them is named here, not written as a second model:
+One encoder serves every family (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet, ModernBERT,
+NomicBERT, Gemma 3 text, DeBERTa-v2/v3); what differs between them is named here, not written
+as a second model:
 
 - `position_offset`: 0 numbers positions 0..N-1 (BERT, DistilBERT). RoBERTa-style models
   (RoBERTa, XLM-RoBERTa, MPNet) number only the real tokens, starting after the padding index:
@@ -10,6 +11,15 @@ between them is named here, not written as a second model:
   (one type, always 0), 0 for models without the table (DistilBERT, MPNet).
 - `relative_attention_buckets`: MPNet adds a learned per-head bias, indexed by the bucketed
   distance between query and key, to every layer's attention scores; 0 for none.
+- `positions`: absolute "learned" or "sinusoidal" vectors added to the embeddings, "rotary"
+  (q and k rotated by position: models/rotary.py), or "none" (DeBERTa-v3: relative only).
+- `local_layers` attend within `local_window` tokens on either side (models/windows.py), with
+  rotary base `local_rotary_theta`; the other layers are global, with `rotary_theta`.
+- `norm`: "post" (BERT), "pre" (ModernBERT), "sandwich" (Gemma: pre-norm, and the sub-layer's
+  output normed again before the residual add). Pre and sandwich stacks end with a final norm.
+- `disentangled`: DeBERTa's c2p/p2c score terms (models/disentangled.py), with its
+  `position_buckets`, `max_relative_positions`, `share_att_key` and LayerNorm'd table.
+- `dense_layers`: sentence-transformers' Dense modules after pooling, (in, out, bias) each.
 """
 
 from __future__ import annotations
@@ -17,11 +27,33 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-Positions = Literal["learned", "sinusoidal"]
-NormPlacement = Literal["post", "pre"]
+Positions = Literal["learned", "sinusoidal", "rotary", "none"]
+NormPlacement = Literal["post", "pre", "sandwich"]
 Pooling = Literal["mean", "cls", "lasttoken"]
 AttentionImpl = Literal["explicit", "sdpa"]
-Architecture = Literal["bert", "roberta", "xlm-roberta", "distilbert", "mpnet"]
+Architecture = Literal[
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "mpnet",
+    "modernbert",
+    "nomic-bert",
+    "gemma3",
+    "deberta-v2",
+]
+# A family's sequence-classification head, as its checkpoints lay it out (models/heads.py).
+HeadKind = Literal["pooler_tanh", "dense_tanh", "dense_relu", "dense_gelu", "dense_gelu_norm"]
+
+CHOICES = {
+    "positions": ("learned", "sinusoidal", "rotary", "none"),
+    "norm": ("post", "pre", "sandwich"),
+    "norm_kind": ("layer", "rms", "rms_offset"),
+    "ffn_kind": ("gelu", "geglu", "geglu_tanh", "swiglu"),
+    "pooling": ("mean", "cls", "lasttoken"),
+    "attention_impl": ("explicit", "sdpa"),
+    "architecture": Architecture.__args__,
+}
 
 
 @dataclass(frozen=True)
@@ -47,17 +79,57 @@ class EncoderConfig:
     # "explicit" computes softmax(QKᵀ/√d_k + mask)·V step by step (the reference, and the graph
     # shape ONNX Runtime fuses); "sdpa" calls torch's fused kernel. Weights always use explicit.
     attention_impl: AttentionImpl = "explicit"
+    # --- heads: size, grouping, scale -----------------------------------------------------
+    head_dim: int = 0  # 0: d_model // n_heads (Gemma states its own)
+    n_kv_heads: int = 0  # 0: n_heads; fewer: grouped-query attention
+    scale_dim: int = 0  # scores are divided by √scale_dim; 0: d_k
+    attn_softcap: float = 0.0  # cap · tanh(score / cap); 0: none
+    qk_norm: bool = False  # per-head norm of q and k (Gemma 3)
+    # --- rotary positions and local windows --------------------------------------------------
+    rotary_theta: float = 10000.0
+    local_rotary_theta: float = 0.0  # 0: rotary_theta
+    rotary_fraction: float = 1.0  # of d_k that rotates
+    rotary_scaling_factor: float = 0.0  # dynamic NTK past rotary_trained_length; 0: none
+    rotary_trained_length: int = 0
+    local_window: int = 0  # a local layer's query sees keys with |i - j| <= local_window
+    local_layers: tuple[int, ...] = ()
+    # --- norms, FFN, biases, embeddings -------------------------------------------------------
+    norm_kind: Literal["layer", "rms", "rms_offset"] = "layer"
+    norm_bias: bool = True  # LayerNorm's bias (ModernBERT has none)
+    first_attn_norm: bool = True  # False: layer 0 has no attention norm (ModernBERT)
+    ffn_kind: Literal["gelu", "geglu", "geglu_tanh", "swiglu"] = "gelu"
+    attn_bias: bool = True
+    ffn_bias: bool = True
+    head_dense_bias: bool = True  # the classification head's dense layer
+    embedding_norm: bool = True
+    scale_embeddings: bool = False  # token vectors · √d_model (Gemma)
+    # --- DeBERTa's disentangled attention -----------------------------------------------------
+    disentangled: tuple[str, ...] = ()  # ("c2p", "p2c"), or empty for none
+    position_buckets: int = 0
+    max_relative_positions: int = 0
+    share_att_key: bool = False
+    norm_rel_embeddings: bool = False
+    # --- sentence-transformers Dense modules after pooling: (in, out, bias) -----------------
+    dense_layers: tuple[tuple[int, int, bool], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_positions"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads != 0:
+        if not self.head_dim and self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
-        for name in ("type_vocab_size", "position_offset", "relative_attention_buckets"):
+        for name in (
+            "type_vocab_size",
+            "position_offset",
+            "relative_attention_buckets",
+            "head_dim",
+            "n_kv_heads",
+            "scale_dim",
+            "local_window",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.position_offset >= self.max_positions:
@@ -70,22 +142,56 @@ class EncoderConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
-        choices = {
-            "positions": ("learned", "sinusoidal"),
-            "norm": ("post", "pre"),
-            "pooling": ("mean", "cls", "lasttoken"),
-            "attention_impl": ("explicit", "sdpa"),
-            "architecture": ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet"),
-        }
-        for name, allowed in choices.items():
+        for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary")
+        self._check_attention()
+
+    def _check_attention(self) -> None:
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})"
+            )
+        if self.positions == "rotary" and int(self.d_k * self.rotary_fraction) % 2:
+            raise ValueError(f"rotary_fraction {self.rotary_fraction} of d_k must be even")
+        if self.rotary_scaling_factor and self.rotary_trained_length <= 0:
+            raise ValueError("rotary_scaling_factor needs rotary_trained_length")
+        bad = [i for i in self.local_layers if not 0 <= i < self.n_layers]
+        if bad:
+            raise ValueError(f"local_layers {bad} are not layers of {self.n_layers}")
+        if self.local_layers and self.local_window <= 0:
+            raise ValueError("local_layers need a local_window > 0")
+        if self.attn_softcap and self.attention_impl == "sdpa":
+            raise ValueError("attn_softcap needs attention_impl 'explicit'")
+        if self.disentangled:
+            if not set(self.disentangled) <= {"c2p", "p2c"}:
+                raise ValueError(f"disentangled terms must be c2p/p2c, got {self.disentangled}")
+            if self.kv_heads != self.n_heads:
+                raise ValueError("disentangled attention with grouped kv heads is not supported")
+            if self.relative_span <= 0:
+                raise ValueError(
+                    "disentangled attention needs position_buckets or max_relative_positions"
+                )
 
     @property
     def d_k(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def relative_span(self) -> int:
+        """DeBERTa's S: the table holds 2S relative embeddings."""
+        return self.position_buckets if self.position_buckets > 0 else self.max_relative_positions
+
+    @property
+    def embedding_dim(self) -> int:
+        """The sentence embedding's size: the last Dense module's output, else d_model."""
+        return self.dense_layers[-1][1] if self.dense_layers else self.d_model
 
     @property
     def token_types(self) -> bool:
@@ -96,13 +202,6 @@ class EncoderConfig:
     def max_length(self) -> int:
         """The longest input the position table allows (RoBERTa: 514 positions, 512 tokens)."""
         return self.max_positions - self.position_offset
-
-    @classmethod
-    def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> EncoderConfig:
-        """Build from a Hugging Face config.json of any supported family."""
-        from models.families import family_of
-
-        return cls(**{**family_of(hf).config(hf), **overrides})
 
     def replace(self, **changes: Any) -> EncoderConfig:
         values = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,87 +1,91 @@
-"""Transformer encoder: embeddings, N × (attention + FFN, residual, LayerNorm), pooling."""
+"""Transformer encoder: embeddings, N × (attention + FFN, residual, norm), pooling.
+
+Which layers a family uses is configuration (models/config.py): where the norms sit
+(post/pre/sandwich), which FFN, which positions; the per-input tables every layer shares
+(rotary cos/sin, the local band, MPNet's bias, DeBERTa's relative embeddings) are computed once
+per forward pass here and handed to each layer.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention import MultiHeadAttention
 from models.config import EncoderConfig
-from models.pooling import POOLERS
-from models.positions import RelativePositionBias, position_ids, sinusoidal_table
-
-
-class Embeddings(nn.Module):
-    """token + position (+ token-type) embeddings, then LayerNorm and dropout (as BERT)."""
-
-    def __init__(self, cfg: EncoderConfig) -> None:
-        super().__init__()
-        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_token_id)
-        if cfg.positions == "learned":
-            self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
-        else:
-            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_positions, cfg.d_model))
-        self.token_types = (
-            nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
-        )
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.learned = cfg.positions == "learned"
-        self.position_offset = cfg.position_offset
-        self.pad_token_id = cfg.pad_token_id
-
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        x = self.tokens(input_ids)  # (B, N, d)
-        pos = position_ids(input_ids, self.position_offset, self.pad_token_id)  # (1 or B, N)
-        x = x + (self.positions(pos) if self.learned else self.sinusoid[pos])
-        if self.token_types is not None:
-            if token_type_ids is None:
-                token_type_ids = torch.zeros_like(input_ids)  # every token is of type 0
-            x = x + self.token_types(token_type_ids)
-        return self.dropout(self.norm(x))
-
-
-class FeedForward(nn.Module):
-    """Position-wise FFN: GELU(x W_1 + b_1) W_2 + b_2."""
-
-    def __init__(self, d_model: int, d_ff: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d_model, d_ff)
-        self.fc2 = nn.Linear(d_ff, d_model)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+from models.disentangled import DisentangledScores, RelativeEmbeddings, relative_positions
+from models.embeddings import Embeddings
+from models.ffn import make_ffn
+from models.norms import make_norm
+from models.pooling import Pooling
+from models.positions import RelativePositionBias
+from models.rotary import rotary_dim, rotary_tables
+from models.windows import window_mask
 
 
 class EncoderLayer(nn.Module):
-    """Post-LN (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x)). Pre-LN: x = x + Attn(LN(x)) …"""
+    """Post-norm (BERT):  x = N1(x + Attn(x));        x = N2(x + FFN(x))
+    Pre-norm:             x = x + Attn(N1(x));        x = x + FFN(N2(x))
+    Sandwich (Gemma):     x = x + N1'(Attn(N1(x)));   x = x + N2'(FFN(N2(x)))"""
 
-    def __init__(self, cfg: EncoderConfig) -> None:
+    def __init__(self, cfg: EncoderConfig, index: int = 0) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(
-            cfg.d_model, cfg.n_heads, dropout=cfg.attn_dropout, impl=cfg.attention_impl
+        eps, kind = cfg.layer_norm_eps, cfg.norm_kind
+        relative = (
+            DisentangledScores(
+                cfg.d_model, cfg.n_heads, cfg.d_k, cfg.disentangled, cfg.share_att_key
+            )
+            if cfg.disentangled
+            else None
         )
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.attn = MultiHeadAttention(
+            cfg.d_model,
+            cfg.n_heads,
+            dropout=cfg.attn_dropout,
+            bias=cfg.attn_bias,
+            impl=cfg.attention_impl,
+            n_kv_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim,
+            scale_dim=cfg.scale_dim,
+            softcap=cfg.attn_softcap,
+            qk_norm=(lambda d: make_norm(kind, d, eps)) if cfg.qk_norm else None,
+            relative=relative,
+        )
+        self.ffn = make_ffn(cfg.ffn_kind, cfg.d_model, cfg.d_ff, cfg.ffn_bias)
+        norm = lambda: make_norm(kind, cfg.d_model, eps, cfg.norm_bias)  # noqa: E731
+        self.norm1 = norm() if index > 0 or cfg.first_attn_norm else nn.Identity()
+        self.norm2 = norm()
+        if cfg.norm == "sandwich":
+            self.post_attn_norm = norm()
+            self.post_ffn_norm = norm()
         self.dropout = nn.Dropout(cfg.dropout)
-        self.pre_norm = cfg.norm == "pre"
+        self.placement = cfg.norm
+        self.local = index in cfg.local_layers
 
     def forward(
-        self, x: Tensor, mask: Tensor, need_weights: bool = False, bias: Tensor | None = None
+        self,
+        x: Tensor,
+        mask: Tensor,
+        need_weights: bool = False,
+        bias: Tensor | None = None,
+        **positional: tuple[Tensor, Tensor] | Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
-        if self.pre_norm:
-            h = self.norm1(x)
-            a, weights = self.attn(h, key_padding_mask=mask, need_weights=need_weights, bias=bias)
+        """x (B, N, d); mask (B, N) 1 = real token; positional: window, rotary, relative."""
+        attend = dict(key_padding_mask=mask, need_weights=need_weights, bias=bias, **positional)
+        if self.placement == "post":
+            a, weights = self.attn(x, **attend)
+            x = self.norm1(x + self.dropout(a))
+            x = self.norm2(x + self.dropout(self.ffn(x)))
+        elif self.placement == "pre":
+            a, weights = self.attn(self.norm1(x), **attend)
             x = x + self.dropout(a)
             x = x + self.dropout(self.ffn(self.norm2(x)))
         else:
-            a, weights = self.attn(x, key_padding_mask=mask, need_weights=need_weights, bias=bias)
-            x = self.norm1(x + self.dropout(a))
-            x = self.norm2(x + self.dropout(self.ffn(x)))
+            a, weights = self.attn(self.norm1(x), **attend)
+            x = x + self.dropout(self.post_attn_norm(a))
+            x = x + self.dropout(self.post_ffn_norm(self.ffn(self.norm2(x))))
         return x, weights
 
 
@@ -96,7 +100,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embeddings = Embeddings(cfg)
-        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(EncoderLayer(cfg, i) for i in range(cfg.n_layers))
         # MPNet: one relative-position bias, computed once and added in every layer.
         self.relative_bias = (
             RelativePositionBias(
@@ -105,10 +109,35 @@ class Encoder(nn.Module):
             if cfg.relative_attention_buckets
             else None
         )
-        # Pre-LN stacks end with one more LayerNorm; post-LN already ends normalised.
-        self.final_norm = (
-            nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else None
+        # DeBERTa: one table of relative-position vectors, shared by every layer.
+        self.relative = (
+            RelativeEmbeddings(
+                cfg.relative_span, cfg.d_model, cfg.layer_norm_eps, cfg.norm_rel_embeddings
+            )
+            if cfg.disentangled
+            else None
         )
+        self.rotary_dim = (
+            rotary_dim(cfg.d_k, cfg.rotary_fraction) if cfg.positions == "rotary" else 0
+        )
+        # Pre-norm and sandwich stacks end with one more norm; post-norm already ends normed.
+        self.final_norm = (
+            make_norm(cfg.norm_kind, cfg.d_model, cfg.layer_norm_eps, cfg.norm_bias)
+            if cfg.norm != "post"
+            else None
+        )
+
+    def _rotary(self, n: int, local: bool, device) -> tuple[Tensor, Tensor]:
+        cfg = self.cfg
+        theta = (cfg.local_rotary_theta or cfg.rotary_theta) if local else cfg.rotary_theta
+        return rotary_tables(
+            n,
+            self.rotary_dim,
+            theta,
+            device,
+            cfg.rotary_scaling_factor,
+            cfg.rotary_trained_length,
+        )  # cos, sin: (N, r)
 
     def forward(
         self,
@@ -118,12 +147,31 @@ class Encoder(nn.Module):
         need_weights: bool = False,
     ) -> EncoderOutput:
         x = self.embeddings(input_ids, token_type_ids)  # (B, N, d)
+        n, device = input_ids.shape[1], input_ids.device
         bias = None
         if self.relative_bias is not None:
-            bias = self.relative_bias(input_ids.shape[1], input_ids.device)  # (1, h, N, N)
+            bias = self.relative_bias(n, device)  # (1, h, N, N)
+        relative = None
+        if self.relative is not None:
+            cfg = self.cfg
+            buckets = relative_positions(
+                n, cfg.position_buckets, cfg.max_relative_positions, device
+            )
+            relative = (self.relative(), buckets)  # (2S, d), (N, N)
+        kinds = {layer.local for layer in self.layers}
+        rotary = {k: self._rotary(n, k, device) for k in kinds} if self.rotary_dim else {}
+        window = window_mask(n, self.cfg.local_window, device, x.dtype) if True in kinds else None
         attentions = []
         for layer in self.layers:
-            x, weights = layer(x, attention_mask, need_weights=need_weights, bias=bias)
+            x, weights = layer(
+                x,
+                attention_mask,
+                need_weights=need_weights,
+                bias=bias,
+                window=window if layer.local else None,
+                rotary=rotary.get(layer.local),
+                relative=relative,
+            )
             if need_weights:
                 attentions.append(weights)
         if self.final_norm is not None:
@@ -132,13 +180,13 @@ class Encoder(nn.Module):
 
 
 class SentenceEncoder(nn.Module):
-    """Encoder + pooling (+ optional L2 normalisation): text ids -> one vector per text."""
+    """Encoder + pooling (+ Dense modules) (+ optional L2 normalisation): one vector per text."""
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.encoder = Encoder(cfg)
-        self.pool = POOLERS[cfg.pooling]
+        self.pool = Pooling(cfg.pooling, cfg.dense_layers)
 
     def forward(
         self,
@@ -149,7 +197,7 @@ class SentenceEncoder(nn.Module):
         need_weights: bool = False,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         out = self.encoder(input_ids, attention_mask, token_type_ids, need_weights=need_weights)
-        pooled = self.pool(out.hidden, attention_mask)  # (B, d)
+        pooled = self.pool(out.hidden, attention_mask)  # (B, d_out)
         if normalize:
             pooled = F.normalize(pooled, p=2, dim=-1)
         return pooled, out.attentions

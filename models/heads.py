@@ -3,37 +3,54 @@
     BERT:        logits = W_c · tanh(W_p · h_[CLS] + b_p) + b_c      (pooler, then classifier)
     RoBERTa:     logits = W_o · tanh(W_d · h_<s> + b_d) + b_o        (classifier.dense, out_proj)
     DistilBERT:  logits = W_c · ReLU(W_p · h_[CLS] + b_p) + b_c      (pre_classifier, classifier)
+    DeBERTa-v2:  logits = W_c · GELU(W_p · h_[CLS] + b_p) + b_c      (ContextPooler, classifier)
+    ModernBERT:  logits = W_c · LN(GELU(W_h · pool(h))) + b_c        (head, classifier), where
+                 pool is the first token or the mean (`classifier_pooling`)
 
-Cross-encoders (rerankers) are these with one label: the score is sigmoid(logit).
+The text's vector is pooled as the config's `pooling` says (first token, unless ModernBERT's
+checkpoint asks for the mean). Cross-encoders (rerankers) are these with one label: the score
+is sigmoid(logit).
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 from torch import Tensor, nn
 
-from models.config import EncoderConfig
+from models.config import EncoderConfig, HeadKind
 from models.encoder import Encoder
+from models.pooling import POOLERS
 
-HeadKind = Literal["pooler_tanh", "dense_tanh", "dense_relu"]
+ACTIVATIONS = {
+    "pooler_tanh": nn.Tanh,
+    "dense_tanh": nn.Tanh,
+    "dense_relu": nn.ReLU,
+    "dense_gelu": nn.GELU,
+    "dense_gelu_norm": nn.GELU,
+}
 
 
 class ClassificationHead(nn.Module):
-    """First token -> dense -> activation -> out: (B, N, d) -> (B, num_labels)."""
+    """Pooled vector -> dense -> activation (-> LayerNorm) -> out: (B, d) -> (B, num_labels)."""
 
-    def __init__(self, d_model: int, num_labels: int, kind: HeadKind) -> None:
+    def __init__(self, cfg: EncoderConfig, num_labels: int, kind: HeadKind) -> None:
         super().__init__()
-        if kind not in ("pooler_tanh", "dense_tanh", "dense_relu"):
+        if kind not in ACTIVATIONS:
             raise ValueError(f"unknown classification head {kind!r}")
-        self.dense = nn.Linear(d_model, d_model)
-        self.activation = nn.ReLU() if kind == "dense_relu" else nn.Tanh()
-        self.out = nn.Linear(d_model, num_labels)
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.head_dense_bias)
+        self.activation = ACTIVATIONS[kind]()
+        self.norm = (
+            nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
+            if kind == "dense_gelu_norm"
+            else None
+        )
+        self.out = nn.Linear(cfg.d_model, num_labels)
         self.kind = kind
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        first = hidden[:, 0]  # (B, d): [CLS] / <s>
-        return self.out(self.activation(self.dense(first)))  # (B, num_labels)
+    def forward(self, pooled: Tensor) -> Tensor:
+        x = self.activation(self.dense(pooled))  # (B, d)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.out(x)  # (B, num_labels)
 
 
 class SequenceClassifier(nn.Module):
@@ -46,7 +63,8 @@ class SequenceClassifier(nn.Module):
         self.cfg = cfg
         self.num_labels = num_labels
         self.encoder = Encoder(cfg)
-        self.head = ClassificationHead(cfg.d_model, num_labels, head)
+        self.pool = POOLERS[cfg.pooling]
+        self.head = ClassificationHead(cfg, num_labels, head)
 
     def forward(
         self,
@@ -56,4 +74,5 @@ class SequenceClassifier(nn.Module):
         need_weights: bool = False,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         out = self.encoder(input_ids, attention_mask, token_type_ids, need_weights=need_weights)
-        return self.head(out.hidden), out.attentions  # (B, num_labels)
+        pooled = self.pool(out.hidden, attention_mask)  # (B, d)
+        return self.head(pooled), out.attentions  # (B, num_labels)

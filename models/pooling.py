@@ -1,9 +1,10 @@
-"""Token vectors -> one vector per text, as sentence-transformers' Pooling module does it."""
+"""Token vectors -> one vector per text, as sentence-transformers' Pooling module does it,
+then its Dense modules if the pipeline has any (EmbeddingGemma: 768 -> 3072 -> 768, linear)."""
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
@@ -26,3 +27,19 @@ def last_token_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
 
 
 POOLERS = {"mean": mean_pool, "cls": cls_pool, "lasttoken": last_token_pool}
+
+
+class Pooling(nn.Module):
+    """(B, N, d), (B, N) -> (B, d_out): pool, then each Dense module (no activation)."""
+
+    def __init__(self, mode: str, dense: tuple[tuple[int, int, bool], ...] = ()) -> None:
+        super().__init__()
+        self.mode = mode
+        self.pool = POOLERS[mode]
+        self.dense = nn.ModuleList(nn.Linear(i, o, bias=b) for i, o, b in dense)
+
+    def forward(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        x = self.pool(hidden, attention_mask)  # (B, d)
+        for linear in self.dense:
+            x = linear(x)  # (B, d_out)
+        return x

@@ -1,8 +1,10 @@
 """What sentence-transformers would do with a model folder: its module configs, read as data.
 
-modules.json lists the pipeline (Transformer -> Pooling -> Normalize); 1_Pooling/config.json
-names the pooling mode; sentence_bert_config.json the max length; config_sentence_transformers
-.json the prompts. A pipeline with a module we do not reproduce (Dense, …) is refused by name.
+modules.json lists the pipeline (Transformer -> Pooling [-> Dense …] -> Normalize);
+1_Pooling/config.json names the pooling mode; each Dense module's config.json its shape (a
+linear map: only the identity activation is reproduced, as EmbeddingGemma's 2_Dense and
+3_Dense); sentence_bert_config.json the max length; config_sentence_transformers.json the
+prompts. A pipeline with a module we do not reproduce is refused by name.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+IDENTITY = "torch.nn.modules.linear.Identity"
 # sentence-transformers' pooling_mode_* flags -> our pooling names.
 POOLING_FLAGS = {
     "pooling_mode_mean_tokens": "mean",
@@ -25,12 +28,27 @@ OUR_POOLING = ("mean", "cls", "lasttoken")
 
 
 @dataclass(frozen=True)
+class DenseModule:
+    """A Dense module after pooling: y = x Wᵀ (+ b), weights in folder/model.safetensors."""
+
+    folder: Path
+    in_features: int
+    out_features: int
+    bias: bool
+
+    @property
+    def shape(self) -> tuple[int, int, bool]:
+        return (self.in_features, self.out_features, self.bias)
+
+
+@dataclass(frozen=True)
 class SentenceTransformersConfig:
     pooling: str | None = None  # None: the folder has no Pooling module
     normalize: bool = False  # the pipeline ends with Normalize
     max_length: int | None = None
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    dense: tuple[DenseModule, ...] = ()  # after pooling, in pipeline order
 
 
 def _read(path: Path) -> dict:
@@ -55,12 +73,28 @@ def pooling_mode(pool_cfg: Path) -> str:
     return modes[0]
 
 
+def dense_module(folder: Path) -> DenseModule:
+    """A Dense module's config.json, refused unless it is a plain linear map."""
+    path = folder / "config.json"
+    cfg = _read(path)
+    # sentence-transformers' Dense defaults to Tanh when the key is absent.
+    activation = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
+    if activation != IDENTITY:
+        raise ValueError(f"unsupported Dense activation {activation!r} in {path}: only Identity")
+    if cfg.get("use_residual"):
+        raise ValueError(f"unsupported Dense use_residual in {path}")
+    if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        raise ValueError(f"unsupported Dense on {cfg['module_input_name']!r} in {path}")
+    return DenseModule(folder, cfg["in_features"], cfg["out_features"], cfg.get("bias", True))
+
+
 def read_config(folder: Path) -> SentenceTransformersConfig:
     pool_cfg = folder / "1_Pooling" / "config.json"
-    normalize = False
+    normalize = pooled = False
+    dense: list[DenseModule] = []
     modules = folder / "modules.json"
     if modules.exists():
-        for entry in _read(modules):
+        for entry in sorted(_read(modules), key=lambda e: e.get("idx", 0)):
             kind = entry.get("type", "").rsplit(".", 1)[-1]
             if kind not in SUPPORTED_MODULES:
                 raise ValueError(
@@ -69,7 +103,20 @@ def read_config(folder: Path) -> SentenceTransformersConfig:
                 )
             if kind == "Pooling":
                 pool_cfg = folder / entry.get("path", "1_Pooling") / "config.json"
+            pooled = pooled or kind == "Pooling"
+            if kind == "Dense":
+                if normalize or not pooled:
+                    raise ValueError(
+                        f"{modules}: a Dense module goes between Pooling and Normalize"
+                    )
+                dense.append(dense_module(folder / entry["path"]))
             normalize = normalize or kind == "Normalize"
+    for before, after in zip(dense, dense[1:], strict=False):
+        if before.out_features != after.in_features:
+            raise ValueError(
+                f"{after.folder}: in_features {after.in_features} does not follow "
+                f"{before.folder}'s out_features {before.out_features}"
+            )
     pooling = pooling_mode(pool_cfg) if pool_cfg.exists() else None
     sbert = folder / "sentence_bert_config.json"
     max_length = _read(sbert).get("max_seq_length") if sbert.exists() else None
@@ -79,4 +126,6 @@ def read_config(folder: Path) -> SentenceTransformersConfig:
     default_prompt = extra.get("default_prompt_name")
     if default_prompt is not None and default_prompt not in prompts:
         raise ValueError(f"{st}: default_prompt_name {default_prompt!r} is not among the prompts")
-    return SentenceTransformersConfig(pooling, normalize, max_length, dict(prompts), default_prompt)
+    return SentenceTransformersConfig(
+        pooling, normalize, max_length, dict(prompts), default_prompt, tuple(dense)
+    )

@@ -2,8 +2,9 @@
 
 The folder holds config.json, model.safetensors (or pytorch_model.bin, read with
 weights_only=True: never arbitrary unpickling) and tokenizer.json, plus sentence-transformers'
-module configs when present (models/st_modules.py). A `*ForSequenceClassification` checkpoint
-becomes an encoder with its classification head (task rerank with one label, else classify).
+module configs when present (models/st_modules.py), with the weights of its Dense modules. A
+`*ForSequenceClassification` checkpoint becomes an encoder with its classification head (task
+rerank with one label, else classify); a family without a reproduced head refuses one.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from torch import Tensor, nn
 
 from models.config import EncoderConfig
 from models.encoder import SentenceEncoder
-from models.families import BERT, Family, family_of
+from models.families import BERT, Family, encoder_config, family_of
 from models.heads import SequenceClassifier
-from models.st_modules import read_config
+from models.st_modules import DenseModule, read_config
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,23 @@ def read_state_dict(folder: Path) -> dict[str, Tensor]:
 
 
 def assign_weights(
-    model: nn.Module, hf_state: dict[str, Tensor], family: Family = BERT, with_head: bool = False
+    model: nn.Module,
+    hf_state: dict[str, Tensor],
+    family: Family = BERT,
+    with_head: bool = False,
+    extra: dict[str, Tensor] | None = None,
 ) -> None:
+    """Checkpoint tensors (mapped by the family's rules) plus `extra` ones already named ours
+    (Dense modules) -> the model; anything missing, unexpected or mis-shaped is named."""
     ours = model.state_dict()
-    mapped: dict[str, Tensor] = {}
-    unexpected: list[str] = []
+    mapped = {k: v for k, v in (extra or {}).items() if k in ours}
+    unexpected = [k for k in extra or {} if k not in ours]
     for hf_name, tensor in hf_state.items():
-        name = family.to_ours(hf_name, with_head)
-        if name is None:
-            continue
-        if name not in ours:
-            unexpected.append(hf_name)
-            continue
-        mapped[name] = tensor
+        for name, part in family.tensors(hf_name, tensor, with_head):
+            if name in ours:
+                mapped[name] = part
+            elif not family.is_unused(name):
+                unexpected.append(hf_name)
     # Buffers we compute ourselves (sinusoidal tables) are never in a checkpoint.
     needed = {k for k in ours if not k.endswith("sinusoid")}
     missing = sorted(needed - mapped.keys())
@@ -97,12 +102,21 @@ def assign_weights(
     if missing:
         problems.append(f"missing tensors: {', '.join(missing)}")
     if unexpected:
-        problems.append(f"unexpected tensors: {', '.join(sorted(unexpected))}")
+        problems.append(f"unexpected tensors: {', '.join(sorted(set(unexpected)))}")
     if misshaped:
         problems.append(f"mis-shaped tensors: {'; '.join(misshaped)}")
     if problems:
         raise WeightLoadError("checkpoint does not match the encoder: " + " | ".join(problems))
     model.load_state_dict({**ours, **{k: v.float() for k, v in mapped.items()}})
+
+
+def dense_weights(dense: tuple[DenseModule, ...]) -> dict[str, Tensor]:
+    """sentence-transformers' Dense modules' `linear.*` tensors, named as our pooling's."""
+    tensors = {}
+    for i, module in enumerate(dense):
+        for name, tensor in read_state_dict(module.folder).items():
+            tensors[f"pool.dense.{i}.{name.removeprefix('linear.')}"] = tensor
+    return tensors
 
 
 def _labels(hf: dict[str, Any]) -> list[str]:
@@ -157,20 +171,27 @@ def load_pretrained(
     st = read_config(folder)
     labels = _labels(hf)
     task = _task(hf, task, len(labels))
-    # Without a Pooling module sentence-transformers mean-pools; a head reads the first token.
-    pooled = (pooling or st.pooling or "mean") if task == "embed" else "cls"
-    config = EncoderConfig.from_hf(
+    if task != "embed" and family.head_kind is None:
+        raise ValueError(f"{family.architecture}: sequence-classification heads are not supported")
+    # Without a Pooling module sentence-transformers mean-pools; a head pools as its family's
+    # checkpoint says (the first token, or ModernBERT's classifier_pooling).
+    pooled = (pooling or st.pooling or "mean") if task == "embed" else family.head_pooling(hf)
+    dense = st.dense if task == "embed" else ()
+    config = encoder_config(
         hf,
         pooling=pooled,
         attention_impl=attention_impl,
         dropout=0.0,
         attn_dropout=0.0,
+        dense_layers=tuple(d.shape for d in dense),
     )
+    if dense and dense[0].in_features != config.d_model:
+        raise ValueError(f"{dense[0].folder}: in_features is not the model's {config.d_model}")
     if task == "embed":
         model: nn.Module = SentenceEncoder(config)
     else:
         model = SequenceClassifier(config, len(labels), family.head_kind)
-    assign_weights(model, read_state_dict(folder), family, with_head=task != "embed")
+    assign_weights(model, read_state_dict(folder), family, task != "embed", dense_weights(dense))
     model.eval()
     length = _max_length(folder, config, max_length, st.max_length)
     log.info(

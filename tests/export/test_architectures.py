@@ -188,15 +188,15 @@ def test_lasttoken_pooling_is_the_last_real_token_of_transformers_output(
 
 
 def test_a_pipeline_module_we_do_not_reproduce_is_refused_by_name(family_tokenizers, tmp_path):
-    folder = save_checkpoint(tmp_path / "tiny-dense", "bert", family_tokenizers["wordpiece"])
+    folder = save_checkpoint(tmp_path / "tiny-weights", "bert", family_tokenizers["wordpiece"])
     (folder / "modules.json").write_text(
         json.dumps(
             [
                 {
                     "idx": 2,
                     "name": "2",
-                    "path": "2_Dense",
-                    "type": "sentence_transformers.models.Dense",
+                    "path": "2_WordWeights",
+                    "type": "sentence_transformers.models.WordWeights",
                 }
             ]
         )

@@ -112,3 +112,63 @@ def test_dropout_on_weights_only_in_training():
     mha.train()
     c, _ = mha(x)
     assert not torch.allclose(a, c)
+
+
+def test_grouped_query_attention_equals_mha_with_each_kv_head_repeated():
+    torch.manual_seed(0)
+    gqa = MultiHeadAttention(16, 4, n_kv_heads=2, head_dim=6).eval()
+    mha = MultiHeadAttention(16, 4, head_dim=6).eval()
+    mha.q_proj, mha.out_proj = gqa.q_proj, gqa.out_proj
+    for name in ("k_proj", "v_proj"):
+        w, b = getattr(gqa, name).weight.view(2, 6, 16), getattr(gqa, name).bias.view(2, 6)
+        # query head i reads kv head i // 2: kv heads 0, 0, 1, 1
+        getattr(mha, name).weight.data.copy_(w.repeat_interleave(2, 0).reshape(24, 16))
+        getattr(mha, name).bias.data.copy_(b.repeat_interleave(2, 0).reshape(24))
+    x, keep = torch.randn(2, 7, 16), torch.ones(2, 7)
+    keep[1, 4:] = 0
+    out, w = gqa(x, key_padding_mask=keep, need_weights=True)
+    want, want_w = mha(x, key_padding_mask=keep, need_weights=True)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(w, want_w)
+    gqa.impl = "sdpa"
+    fast, _ = gqa(x, key_padding_mask=keep)
+    torch.testing.assert_close(fast, out, atol=1e-5, rtol=1e-5)
+
+
+def test_scores_are_divided_by_the_square_root_of_scale_dim():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2, scale_dim=9).eval()
+    x = torch.randn(1, 4, 8)
+    _, w = mha(x, need_weights=True)
+    q = mha.q_proj(x).view(1, 4, 2, 4).transpose(1, 2)
+    k = mha.k_proj(x).view(1, 4, 2, 4).transpose(1, 2)
+    torch.testing.assert_close(w, torch.softmax(q @ k.transpose(-1, -2) / 3.0, dim=-1))
+
+
+def test_soft_capping_equals_gemma2_attention():
+    from transformers import Gemma2Config
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(
+        hidden_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        attn_logit_softcapping=3.0,
+    )
+    cfg._attn_implementation = "eager"
+    theirs = Gemma2Attention(cfg, layer_idx=1).eval()
+    ours = MultiHeadAttention(16, 2, bias=False, head_dim=8, softcap=3.0).eval()
+    pairs = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "o_proj"}
+    with torch.no_grad():
+        for mine, other in pairs.items():
+            getattr(theirs, other).weight.mul_(4.0)  # scores well past the cap
+            getattr(ours, mine).weight.copy_(getattr(theirs, other).weight)
+        x = torch.randn(1, 5, 16)
+        no_rotation = (torch.ones(1, 5, 8), torch.zeros(1, 5, 8))  # (cos, sin)
+        want, want_w = theirs(x, no_rotation, None)
+        got, got_w = ours(x, need_weights=True)
+    torch.testing.assert_close(got_w, want_w)
+    torch.testing.assert_close(got, want)

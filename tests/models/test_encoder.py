@@ -8,7 +8,8 @@ import torch
 from tokenizers import Tokenizer
 
 from models.config import EncoderConfig
-from models.encoder import SentenceEncoder, sinusoidal_table
+from models.encoder import SentenceEncoder
+from models.positions import sinusoidal_table
 from tests.conftest import REAL_TEXTS
 
 
@@ -22,9 +23,9 @@ def test_config_rejects_indivisible_heads():
     [
         ("n_layers", 0),
         ("dropout", 1.5),
-        ("positions", "rotary"),
+        ("positions", "alibi"),
         ("pooling", "max"),
-        ("norm", "sandwich"),
+        ("norm", "middle"),
     ],
 )
 def test_config_rejects_bad_values_by_name(field, value):

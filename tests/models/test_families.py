@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import EncoderConfig
-from models.families import BERT, DISTILBERT, MPNET, ROBERTA, family_of
+from models.families import BERT, DISTILBERT, MPNET, ROBERTA, encoder_config, family_of
 from models.pooling import last_token_pool
 from models.positions import position_ids, relative_bucket
+from models.weights import load_pretrained
+from tests.models import test_deberta, test_gemma, test_modernbert, test_nomic
+from tests.models.checkpoints import batch, save_checkpoint
 
 BASE = {
     "vocab_size": 100,
@@ -21,7 +23,7 @@ BASE = {
 
 
 def test_roberta_positions_start_after_padding_and_it_has_one_token_type():
-    cfg = EncoderConfig.from_hf(
+    cfg = encoder_config(
         {
             **BASE,
             "model_type": "xlm-roberta",
@@ -35,7 +37,7 @@ def test_roberta_positions_start_after_padding_and_it_has_one_token_type():
 
 
 def test_distilbert_config_uses_its_own_keys_and_has_no_token_types():
-    cfg = EncoderConfig.from_hf(
+    cfg = encoder_config(
         {
             "model_type": "distilbert",
             "vocab_size": 100,
@@ -49,14 +51,14 @@ def test_distilbert_config_uses_its_own_keys_and_has_no_token_types():
 
 
 def test_mpnet_has_relative_attention_buckets():
-    cfg = EncoderConfig.from_hf({**BASE, "model_type": "mpnet", "pad_token_id": 1})
+    cfg = encoder_config({**BASE, "model_type": "mpnet", "pad_token_id": 1})
     assert cfg.relative_attention_buckets == 32 and cfg.type_vocab_size == 0
     assert cfg.position_offset == 2
 
 
 def test_an_unknown_model_type_is_named():
-    with pytest.raises(ValueError, match="'deberta-v2'"):
-        family_of({"model_type": "deberta-v2"})
+    with pytest.raises(ValueError, match="'xlnet'.*'deberta-v2'"):
+        family_of({"model_type": "xlnet"})
 
 
 @pytest.mark.parametrize(
@@ -123,3 +125,27 @@ def test_last_token_pooling_follows_the_mask_on_either_side():
     left = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])
     assert last_token_pool(hidden, right)[:, 0].tolist() == [1.0, 7.0]
     assert last_token_pool(hidden, left)[:, 0].tolist() == [3.0, 7.0]
+
+
+# Pre-training checkpoints (what the Hub mostly holds) load as embedders: the task head is
+# skipped by name and the base model's prefix stripped. family -> (class, config, base attr).
+PRETRAINING = {
+    "modernbert": ("ModernBertForMaskedLM", "ModernBertConfig", "model", test_modernbert),
+    "nomic-bert": ("NomicBertForMaskedLM", "NomicBertConfig", "nomic_bert", test_nomic),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", "model", test_gemma),
+    "deberta-v2": ("DebertaV2ForMaskedLM", "DebertaV2Config", "deberta", test_deberta),
+}
+
+
+@pytest.mark.parametrize("family", list(PRETRAINING))
+def test_pretraining_checkpoints_load_as_their_base_encoder(family, tmp_path):
+    model_class, config_class, base, tests = PRETRAINING[family]
+    hf = save_checkpoint(tmp_path, model_class, config_class, **tests.CONFIG)
+    loaded = load_pretrained(tmp_path)
+    assert (loaded.config.architecture, loaded.task) == (family, "embed")
+    ids, mask = batch([12, 7])
+    extra = {"use_cache": False} if family == "gemma3" else {}
+    with torch.no_grad():
+        want = getattr(hf, base)(input_ids=ids, attention_mask=mask, **extra).last_hidden_state
+        got = loaded.model.encoder(ids, mask).hidden
+    assert (got - want)[mask.bool()].abs().max() < 1e-4

@@ -1,68 +1,21 @@
-"""The checkpoint families: how each one's config.json and tensor names map onto our encoder.
+"""The BERT-shaped families: BERT, RoBERTa, XLM-RoBERTa, DistilBERT and MPNet.
 
-Everything that tells BERT, RoBERTa, XLM-RoBERTa, DistilBERT and MPNet apart lives here, as
-data: config translation, tensor-name rules, the classification head's layout. The model code
-is the same for all of them (models/encoder.py), configured by EncoderConfig.
+Post-norm, learned absolute positions, exact-GELU FFN; what tells them apart is data: config
+keys, position numbering, MPNet's relative bias, tensor names and the head's layout.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from models.heads import HeadKind
+from models.families.base import Family, check_act
 
 GELU = ("gelu", "gelu_python")
 
 
-@dataclass(frozen=True)
-class Family:
-    architecture: str  # our name, recorded in the manifest
-    model_types: tuple[str, ...]  # config.json "model_type" values
-    prefix: str  # the base model's prefix inside task checkpoints ("roberta.")
-    config: Callable[[dict[str, Any]], dict[str, Any]]  # config.json -> EncoderConfig values
-    exact: dict[str, str]  # whole names (after the prefix)
-    layer_prefix: str  # "encoder.layer" / "transformer.layer"
-    layer: dict[str, str]  # inside one layer
-    head: dict[str, str]  # classification-head modules, as named in the checkpoint
-    head_kind: HeadKind
-    ignored: re.Pattern[str] = field(
-        default=re.compile(
-            r"^(pooler\.|cls\.|lm_head\.|embeddings\.(position_ids|token_type_ids)$)"
-        )
-    )
-
-    def to_ours(self, name: str, with_head: bool) -> str | None:
-        """One checkpoint tensor name -> ours; None for one we deliberately skip."""
-        if with_head:
-            for theirs, ours in self.head.items():
-                if name.startswith(theirs + "."):
-                    return "head." + ours + name[len(theirs) :]
-        for prefix in (self.prefix, "model.", "0.auto_model."):
-            if name.startswith(prefix):
-                name = name[len(prefix) :]
-                break
-        name = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
-        if self.ignored.match(name) or (not with_head and self.is_head(name)):
-            return None
-        stem, _, kind = name.rpartition(".")
-        if stem in self.exact:
-            return f"{self.exact[stem]}.{kind}"
-        m = re.match(rf"^{re.escape(self.layer_prefix)}\.(\d+)\.(.+)$", stem)
-        if m and m.group(2) in self.layer:
-            return f"encoder.layers.{m.group(1)}.{self.layer[m.group(2)]}.{kind}"
-        return name  # unknown: reported as unexpected
-
-    def is_head(self, name: str) -> bool:
-        return any(name.startswith(h + ".") for h in self.head)
-
-
 def _check_act(hf: dict[str, Any], key: str = "hidden_act") -> None:
-    act = hf.get(key, "gelu")
-    if act not in GELU:
-        raise ValueError(f"unsupported {key} {act!r}: only exact-GELU encoders are supported")
+    check_act(hf, key, GELU, "gelu")
 
 
 def _bert_like(hf: dict[str, Any]) -> dict[str, Any]:
@@ -209,14 +162,3 @@ MPNET = Family(
     head=_ROBERTA_HEAD,
     head_kind="dense_tanh",
 )
-FAMILIES = (BERT, ROBERTA, DISTILBERT, MPNET)
-
-
-def family_of(hf: dict[str, Any]) -> Family:
-    """The family of a config.json, by its model_type (BERT when a bare config lacks one)."""
-    model_type = hf.get("model_type", "bert")
-    for family in FAMILIES:
-        if model_type in family.model_types:
-            return family
-    known = sorted(t for f in FAMILIES for t in f.model_types)
-    raise ValueError(f"unsupported model_type {model_type!r}: supported are {known}")

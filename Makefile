@@ -10,7 +10,7 @@ TEST_STAMP  := $(VENV)/.test-deps-done
 BENCH_STAMP := $(VENV)/.bench-deps-done
 SOURCES := $(shell find models export -name '*.py')
 
-.PHONY: setup serve test bundle lint bench soak gpu-check gpu-check-dry system-deps clean \
+.PHONY: setup serve test test-fast bundle lint bench soak gpu-check gpu-check-dry system-deps clean \
 	image-deps image-test image-test-export image-test-gpu compose-test image-clean
 
 setup: $(SETUP_STAMP)
@@ -44,6 +44,11 @@ serve: bundle
 test: $(TEST_STAMP)
 	$(BIN)/python -m ruff check models export service tests bench
 	$(BIN)/python -m pytest -q -rs
+
+# The inner loop: no bundle exported, no browser, no real server process (under a minute).
+test-fast: $(TEST_STAMP)
+	$(BIN)/python -m ruff check models export service tests bench
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not bundle" -p no:cacheprovider
 
 lint: $(TEST_STAMP)
 	$(BIN)/python -m ruff check models export service tests bench

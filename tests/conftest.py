@@ -73,6 +73,33 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ranker_bundle(family_tokenizers, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight BertForSequenceClassification (one label) saved by transformers and
+    exported by the CLI: the reranker every service test that needs a real one shares."""
+    from tests.export.test_architectures import export, save_checkpoint
+
+    tmp = tmp_path_factory.mktemp("ranker")
+    folder = save_checkpoint(
+        tmp / "bert-ranker", "bert", family_tokenizers["wordpiece"],
+        "ForSequenceClassification", num_labels=1,
+    )  # fmt: skip
+    export(folder, tmp / "bundle")
+    return tmp / "bundle"
+
+
+# Fixtures that export a bundle with torch (seconds each): a test using any of them is marked
+# `bundle`, and `make test-fast` leaves it out.
+BUNDLE_FIXTURES = {"tiny_model", "tiny_bundle", "default_loaded", "default_bundle", "ranker_bundle"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.as_posix()
+        if BUNDLE_FIXTURES & set(getattr(item, "fixturenames", ())) or "/tests/export/" in path:
+            item.add_marker(pytest.mark.bundle)
+
+
+@pytest.fixture(scope="session")
 def default_loaded(model_dir: Path):
     from models.weights import DEFAULT_MODEL_NAME, load_pretrained
 

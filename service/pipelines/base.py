@@ -22,7 +22,7 @@ import numpy as np
 from service.engine.admission import Admission
 from service.engine.batch_policy import Item
 from service.engine.batcher import DynamicBatcher
-from service.errors import InvalidInput, PayloadTooLarge
+from service.errors import InvalidInput, Overloaded, PayloadTooLarge
 from service.metrics import Metrics
 from service.pipelines.call import Call, Timings
 from service.settings import Settings
@@ -73,7 +73,12 @@ class Intake:
         self._length = metrics.input_length.labels(*labels)
 
     def admit(self, lengths: Sequence[int], call: Call) -> None:
-        self.admission.admit(self.batcher, lengths, call.remaining())
+        try:
+            self.admission.admit(self.batcher, lengths, call.remaining())
+        except Overloaded:
+            if call.draining:  # it is the shutdown, not the load, that leaves too little time
+                raise call.expired() from None
+            raise
 
     async def run(
         self,

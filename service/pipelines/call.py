@@ -31,17 +31,30 @@ CHUNK_CHARS = 64 * 1024
 
 
 class Drain:
-    """The server's shutdown, shared by every request: a deadline all of them must meet."""
+    """The server's shutdown, shared by every request: a deadline all of them must meet.
+
+    `begun` is a future that completes when the drain begins, so that requests already waiting
+    (with a later deadline) wake up and wait again under the drain's.
+    """
 
     def __init__(self) -> None:
         self.deadline = math.inf
+        self._begun: asyncio.Future[None] | None = None
 
     @property
     def draining(self) -> bool:
         return self.deadline < math.inf
 
+    @property
+    def begun(self) -> asyncio.Future[None]:
+        if self._begun is None:
+            self._begun = asyncio.get_running_loop().create_future()
+        return self._begun
+
     def begin(self, grace_s: float) -> None:
         self.deadline = min(self.deadline, time.monotonic() + grace_s)
+        if not self.begun.done():
+            self.begun.set_result(None)
 
 
 @dataclass
@@ -107,8 +120,13 @@ class Call:
         if self.remaining() <= 0:
             raise self.expired()
 
+    @property
+    def draining(self) -> bool:
+        """The server's shutdown, not the request's own deadline, decides when it must end."""
+        return self._drain is not None and self._drain.deadline <= self._deadline
+
     def expired(self) -> Unavailable:
-        if self._drain is not None and self._drain.deadline <= self._deadline:
+        if self.draining:
             return Unavailable("the server is shutting down: retry on another replica", retry_after=1)
         within = f"{self.timeout_s:g} s" if self.timeout_s is not None else "its deadline"
         return Unavailable(
@@ -126,9 +144,18 @@ class Call:
         watch = self._watching()
         if watch is not None:
             waiters.add(watch)
-        done, _ = await asyncio.wait(
-            waiters, timeout=max(0.0, self.remaining()), return_when=asyncio.FIRST_COMPLETED
-        )
+        drain = self._drain
+        if drain is not None and not drain.draining:
+            waiters.add(drain.begun)  # a shutdown pulls the deadline in: wait again under it
+        while True:
+            done, _ = await asyncio.wait(
+                waiters, timeout=max(0.0, self.remaining()), return_when=asyncio.FIRST_COMPLETED
+            )
+            if drain is not None and drain.begun in done and gathered not in done:
+                waiters.discard(drain.begun)
+                if self.remaining() > 0 and not (watch is not None and watch in done):
+                    continue
+            break
         if gathered in done:
             return gathered.result()
         gathered.cancel()

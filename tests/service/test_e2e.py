@@ -146,3 +146,38 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero(default_bundle, tmp_
     assert statuses.count(200) == len(results), statuses
     assert elapsed < 150  # within the drain timeout: the process did not hang
     assert "all accepted requests answered" in server.output()
+
+
+def test_sigterm_with_more_work_than_the_grace_answers_every_request_200_or_503(
+    default_bundle, tmp_path
+):
+    """A 2 s grace and about 10 s of accepted work: what can finish does, the rest is answered
+    503 with Retry-After before the grace ends; no 500, no connection closed unanswered. New
+    requests during the drain get 503 (the listener stays open until the work is answered)."""
+    env = {"HEADWISE_REQUEST_TIMEOUT_S": "120", "HEADWISE_DRAIN_TIMEOUT_S": "2"}
+    with serve(default_bundle, tmp_path, env=env) as server:
+
+        async def flood():
+            limits = httpx.Limits(max_connections=64)
+            async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as c:
+                text = "a long text to keep the model busy for a while " * 20
+                tasks = [
+                    asyncio.create_task(c.post("/encode", json={"inputs": [text] * 8}))
+                    for _ in range(48)
+                ]
+                await wait_until_in_flight(c, 48)
+                server.process.send_signal(signal.SIGTERM)
+                t0 = time.monotonic()
+                during = await c.post("/encode", json={"inputs": "after the signal"})
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+                return results, during, time.monotonic() - t0
+
+        results, during, took = asyncio.run(flood())
+        code = server.process.wait(30)
+    statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in results]
+    assert code == 0, server.output()
+    assert set(statuses) <= {200, 503}, statuses
+    assert 503 in statuses  # there was more work than the grace
+    assert all(r.headers["retry-after"] for r in results if r.status_code == 503)
+    assert during.status_code == 503 and during.headers["retry-after"]
+    assert took < 2.0 + 1.5, took  # every answer within the grace (and a margin for the client)

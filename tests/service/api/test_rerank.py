@@ -33,19 +33,15 @@ PAIRS = [("кошка спит", "the cat sleeps"), ("猫在沙发上睡觉", "l
 
 
 @pytest.fixture(scope="module")
-def bundles(family_tokenizers, tiny_bundle, tmp_path_factory):
+def bundles(family_tokenizers, tiny_bundle, ranker_bundle, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rerank")
-    ranker = save_checkpoint(
-        tmp / "bert-ranker", "bert", family_tokenizers["wordpiece"],
-        "ForSequenceClassification", num_labels=1,
-    )  # fmt: skip
+    ranker = ranker_bundle.parent / "bert-ranker"  # its checkpoint, beside it
     nli = save_checkpoint(
         tmp / "xlmr-nli", "xlm-roberta", family_tokenizers["unigram"],
         "ForSequenceClassification", id2label=NLI, label2id={v: k for k, v in NLI.items()},
     )  # fmt: skip
-    export(ranker, tmp / "ranker-bundle")
     export(nli, tmp / "nli-bundle")
-    specs = [str(tiny_bundle), f"ranker={tmp / 'ranker-bundle'}", f"nli={tmp / 'nli-bundle'}"]
+    specs = [str(tiny_bundle), f"ranker={ranker_bundle}", f"nli={tmp / 'nli-bundle'}"]
     return {"ranker": ranker, "nli": nli, "specs": specs}
 
 

@@ -20,22 +20,10 @@ TEXTS = ["the cat sat on a warm mat", "rain fell over quiet city streets", "Le c
 
 
 @pytest.fixture(scope="module")
-def live(bundles, tmp_path_factory):
-    with serve(bundles["specs"][:2], tmp_path_factory.mktemp("sdks")) as server:
+def live(tiny_bundle, ranker_bundle, tmp_path_factory):
+    specs = [str(tiny_bundle), f"ranker={ranker_bundle}"]
+    with serve(specs, tmp_path_factory.mktemp("sdks")) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def bundles(family_tokenizers, tiny_bundle, tmp_path_factory):
-    from tests.export.test_architectures import export, save_checkpoint
-
-    tmp = tmp_path_factory.mktemp("sdk-ranker")
-    ranker = save_checkpoint(
-        tmp / "bert-ranker", "bert", family_tokenizers["wordpiece"],
-        "ForSequenceClassification", num_labels=1,
-    )  # fmt: skip
-    export(ranker, tmp / "ranker-bundle")
-    return {"specs": [str(tiny_bundle), f"ranker={tmp / 'ranker-bundle'}"]}
 
 
 @pytest.fixture(scope="module")

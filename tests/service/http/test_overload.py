@@ -142,3 +142,40 @@ def test_a_client_that_disconnects_mid_queue_costs_no_compute_and_leaves_the_gau
         backend.release.set()
         server.should_exit = True
         thread.join(10)
+
+
+SCORE_ROUTES = {
+    "/rerank": lambda docs: {"query": "the cat", "texts": docs},
+    "/v1/rerank": lambda docs: {"query": "the cat", "documents": docs},
+    "/v2/rerank": lambda docs: {"model": "ranker", "query": "the cat", "documents": docs},
+    "/predict": lambda docs: {"inputs": [["the cat", d] for d in docs]},
+}
+
+
+@pytest.mark.parametrize("path", SCORE_ROUTES)
+def test_score_work_that_cannot_finish_behind_the_running_batch_is_refused_at_once(path):
+    """A big request to a busy reranker or classifier is answered 429 with Retry-After at once,
+    before any of it is queued, not 503 after waiting out its deadline."""
+    task = "classify" if path == "/predict" else "rerank"
+    labels = ["a", "b"] if task == "classify" else ["score"]
+    backend = FakeBackend(fake_manifest("ranker", d=len(labels), task=task, labels=labels))
+    settings = {"capacity_tokens_per_s": 100, "request_timeout_s": 10}
+    with client_for(Path("r"), fake_loader(backend), **settings) as c:
+        batcher = c.app.state.registry.models["ranker"].score.batcher
+        backend.release.clear()
+        backend.entered.clear()
+        busy = threading.Thread(
+            target=lambda: c.post(path, json=SCORE_ROUTES[path](["a dog and a cat"] * 12))
+        )
+        busy.start()  # ~12 x 9 tokens: about 1 s of work at 100 tokens/s, now running
+        try:
+            assert backend.entered.wait(10)
+            seen = len(backend.seen)
+            r = c.post(path, json=SCORE_ROUTES[path](["the cat sat on a warm mat"] * 90))
+            # 429 comes only from admission (a missed deadline is 503): nothing was queued.
+            assert r.status_code == 429, r.text
+            assert int(r.headers["retry-after"]) >= 1
+            assert batcher.depth == 0 and len(backend.seen) == seen
+        finally:
+            backend.release.set()
+            busy.join(20)

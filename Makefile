@@ -41,13 +41,18 @@ $(BUNDLE)/manifest.json: $(SETUP_STAMP) $(SOURCES)
 serve: bundle
 	$(BIN)/headwise serve --bundle $(BUNDLE) --host $(HOST) --port $(PORT)
 
+# Strict typing (pyproject.toml [tool.mypy]) on the packages it already holds for.
+TYPED := service
+
 test: $(TEST_STAMP)
 	$(BIN)/python -m ruff check models export service tests bench
+	$(BIN)/python -m mypy $(TYPED)
 	$(BIN)/python -m pytest -q -rs
 
 # The inner loop: no bundle exported, no browser, no real server process (under a minute).
 test-fast: $(TEST_STAMP)
 	$(BIN)/python -m ruff check models export service tests bench
+	$(BIN)/python -m mypy $(TYPED)
 	$(BIN)/python -m pytest -q -m "not slow and not browser and not bundle" -p no:cacheprovider
 
 lint: $(TEST_STAMP)

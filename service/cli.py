@@ -17,7 +17,8 @@ def _export(argv: list[str]) -> int:
             "export needs the [export] extra (torch, onnx): %s", exc
         )
         return 2
-    return export_cli.main(argv)
+    code: int = export_cli.main(argv)
+    return code
 
 
 def _serve(argv: list[str]) -> int:

@@ -17,7 +17,8 @@ Task = Literal["embed", "rerank", "classify"]
 Pooling = Literal["mean", "cls", "lasttoken"]
 GraphKey = Literal["encoder", "attention", "encoder_fp16", "encoder_int8"]
 Precision = Literal["fp32", "fp16", "int8"]
-GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+GraphInput = Literal["input_ids", "attention_mask", "token_type_ids"]
+DEFAULT_INPUTS: tuple[GraphInput, ...] = ("input_ids", "attention_mask")
 
 
 class Frozen(BaseModel):
@@ -121,9 +122,7 @@ class Manifest(Frozen):
     problem_type: Literal["single_label", "multi_label", "regression"] | None = None
     special_tokens: SpecialTokens = SpecialTokens()
     opset: int
-    inputs: list[Literal["input_ids", "attention_mask", "token_type_ids"]] = Field(
-        default_factory=lambda: ["input_ids", "attention_mask"]
-    )
+    inputs: list[GraphInput] = Field(default_factory=lambda: list(DEFAULT_INPUTS))
     attention_mask_format: str = "raw 2-D mask (left or right padding)"
     graphs: dict[GraphKey, GraphEntry]
     tokenizer: FileEntry

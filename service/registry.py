@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+
 from service.engine.admission import Admission
 from service.engine.batch_policy import BatchPolicy
 from service.engine.batcher import DynamicBatcher, Infer
@@ -29,6 +31,7 @@ from service.pipelines.call import Drain
 from service.pipelines.embed import EmbedPipeline
 from service.pipelines.score import ScorePipeline
 from service.settings import Settings
+from service.tensors import Batch
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +135,13 @@ def build_model(name: str, backend: Backend, settings: Settings, metrics: Metric
     if manifest.task == "embed":
         tokens = None
         if backend.token_output:
-            tokens = intake(lambda batch: list(backend.run_tokens(batch)), "embed_all")
+
+            def run_tokens(batch: Batch) -> np.ndarray:
+                out = backend.run_tokens(batch)
+                assert out is not None  # token_output says the graph has it
+                return out
+
+            tokens = intake(run_tokens, "embed_all")
         model.embed = EmbedPipeline(backend, intake(backend.run, "encode"), settings, tokens)
     else:  # rerank, classify: the same batching, one sequence (a pair) each
         model.score = ScorePipeline(backend, intake(backend.run, manifest.task), settings)

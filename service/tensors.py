@@ -33,12 +33,14 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise cosine similarity of two (n, d) arrays, in float64."""
     a = a.astype(np.float64)
     b = b.astype(np.float64)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-30)
+    out: np.ndarray = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-30)
+    return out
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return vectors / np.maximum(norms, 1e-12)
+    out: np.ndarray = vectors / np.maximum(norms, 1e-12)
+    return out
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ which routes a model serves.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, Literal, Union
@@ -192,7 +192,7 @@ class RouteTable:
             else:
                 self._exact.setdefault(r.path, []).append(r)
 
-    def __iter__(self) -> Iterable[Route]:
+    def __iter__(self) -> Iterator[Route]:
         return iter(self.routes)
 
     def at(self, path: str) -> list[Route]:

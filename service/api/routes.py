@@ -9,6 +9,9 @@ what is declared, and that no other file of the service names a path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from service.api import cohere, infinity, mixedbread, native, openai, ops, tei, voyage
 from service.api.cohere import handlers as cohere_handlers
 from service.api.cohere import schemas as cohere_schemas
@@ -38,7 +41,7 @@ def one(request: object, handler: object, response: object) -> tuple[Variant, ..
     return (Variant(request, handler, response),)  # type: ignore[arg-type]
 
 
-def second_if(*keys: str):  # noqa: ANN201 - a discriminator
+def second_if(*keys: str) -> Callable[[Any], int]:
     """Picks the second variant when the raw body has any of these fields."""
     return lambda body: int(any(k in body for k in keys))
 

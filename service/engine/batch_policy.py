@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(eq=False)
 class Item:
     ids: Sequence[int]
-    future: asyncio.Future
+    future: asyncio.Future[Any]
     enqueued: float
     deadline: float
     types: Sequence[int] | None = None  # token type ids (text pairs), same length as ids

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+import numpy as np
+
 from service.engine.admission import Throughput
 from service.engine.batch_policy import BatchPolicy, Item, select_batch
 from service.errors import InferenceFailed, Overloaded, Unavailable
@@ -31,7 +33,7 @@ from service.tensors import Batch
 
 log = logging.getLogger(__name__)
 
-Infer = Callable[[Batch], Sequence[Any]]
+Infer = Callable[[Batch], Sequence[Any] | np.ndarray]  # one output row per sequence
 
 
 class BatchObserver(Protocol):
@@ -58,7 +60,7 @@ class DynamicBatcher:
         self._queue: list[Item] = []
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._prune_scheduled = False
         self.arriving = 0  # requests being tokenised: a batch may wait for them
@@ -126,7 +128,7 @@ class DynamicBatcher:
         self._wakeup.set()
         return items
 
-    def _on_done(self, future: asyncio.Future) -> None:
+    def _on_done(self, future: asyncio.Future[Any]) -> None:
         """A cancelled text (client gone, deadline passed) leaves the queue, and the queue-depth
         gauge, at once: one prune per loop tick however many were cancelled together."""
         if future.cancelled() and not self._prune_scheduled:

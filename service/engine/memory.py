@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+from collections.abc import Callable
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -81,11 +82,12 @@ def memory_budget(
     }
 
 
-def _libc_trim():
+def _libc_trim() -> Callable[[int], int] | None:
     try:
         import ctypes
 
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+        return trim
     except (OSError, AttributeError):  # not glibc: nothing to trim
         return None
 

@@ -83,7 +83,8 @@ def choose_graph(bundle: Bundle, precision: str, on_cuda: bool) -> GraphKey:
     """Manifest key of the serving graph for this precision and device."""
     if precision == "auto":
         return "encoder_fp16" if on_cuda and bundle.has_graph("encoder_fp16") else "encoder"
-    key: GraphKey = {"fp32": "encoder", "fp16": "encoder_fp16", "int8": "encoder_int8"}[precision]
+    keys: dict[str, GraphKey] = {"fp32": "encoder", "fp16": "encoder_fp16", "int8": "encoder_int8"}
+    key = keys[precision]
     if not bundle.has_graph(key):
         flag = {"encoder_fp16": "--fp16", "encoder_int8": "--int8"}.get(key, "")
         raise DeviceUnavailable(f"precision {precision} needs a bundle exported with {flag}")
@@ -167,14 +168,14 @@ class OnnxBackend:
 
     def run(self, batch: Batch) -> np.ndarray:
         (out,) = self.session.run(self._primary, batch.feeds(self._feeds), self._run_opts)
-        return out
+        return np.asarray(out)
 
     def run_tokens(self, batch: Batch) -> np.ndarray | None:
         """Last-layer token vectors (B, N, d); None when the graph does not output them."""
         if self._tokens is None:
             return None
         (out,) = self.session.run(self._tokens, batch.feeds(self._feeds), self._run_opts)
-        return out
+        return np.asarray(out)
 
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         if self.attention_session is None:

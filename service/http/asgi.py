@@ -39,7 +39,8 @@ def content_type(scope: Scope) -> bytes | None:
     """The request's media type, lower-cased, without parameters; None when not sent."""
     for name, value in scope["headers"]:
         if name == b"content-type":
-            return value.partition(b";")[0].strip().lower()
+            kind: bytes = value.partition(b";")[0].strip().lower()
+            return kind
     return None
 
 

@@ -47,7 +47,7 @@ class DrainingServer(uvicorn.Server):
         self._drain: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def _serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def,override]
+    async def _serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
         await super()._serve(sockets)
         if self.started:
@@ -144,7 +144,7 @@ def serve_command(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
         limit_concurrency=settings.max_concurrency,
-        timeout_keep_alive=settings.keep_alive_s,
+        timeout_keep_alive=round(settings.keep_alive_s),
         access_log=False,  # ours is the middleware's (HEADWISE_ACCESS_LOG), with the model
         log_config=None,  # keep the handlers configured above (JSON or text) for uvicorn too
         lifespan="on",

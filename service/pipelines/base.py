@@ -131,8 +131,8 @@ async def closing(call: Call) -> AsyncIterator[Call]:
 # --- Checks every pipeline makes on what a client sends ------------------------------------
 
 
-def as_list(inputs: str | list[Any], name: str) -> list[Any]:
-    texts = [inputs] if isinstance(inputs, str) else inputs
+def as_list(inputs: str | Sequence[Any], name: str) -> list[Any]:
+    texts = [inputs] if isinstance(inputs, str) else list(inputs)
     if not texts:
         raise InvalidInput(f"{name} must not be an empty list", param=name)
     return texts

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from service.errors import Disconnected, Unavailable
 
 T = TypeVar("T")
-Receive = Callable[[], Awaitable[dict[str, Any]]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 # Requests this small are tokenised on the event loop (tens of µs); larger ones on a thread, in
 # pieces of about this size, so that a request notices between them that its client left or its

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
+from service.engine.batcher import DynamicBatcher
 from service.engine.runtime import Backend, Side
 from service.errors import InvalidInput, PayloadTooLarge, WrongTask
 from service.pipelines.base import (
@@ -75,7 +77,8 @@ class EmbedPipeline:
         self.manifest = backend.manifest
 
     @property
-    def batcher(self):  # noqa: ANN201 - the serving batcher (tests, /info)
+    def batcher(self) -> DynamicBatcher:
+        """The serving batcher (tests, /info)."""
         return self.intake.batcher
 
     @property
@@ -115,10 +118,10 @@ class EmbedPipeline:
         return [prefix + t if isinstance(t, str) else t for t in inputs]
 
     def validate(
-        self, inputs: str | list[str] | list[Input], param: str, dimensions: int | None = None
+        self, inputs: str | Sequence[Input], param: str, dimensions: int | None = None
     ) -> list[Input]:
         """Every check that needs no tokenizer, before anything is queued."""
-        texts = as_list(inputs, param)
+        texts: list[Input] = as_list(inputs, param)
         check_texts([t for t in texts if isinstance(t, str)], self.settings, param)
         ids = [t for t in texts if not isinstance(t, str)]
         check_ids(ids, self.manifest.vocab_size, param)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Encoding
 
+from service.engine.batcher import DynamicBatcher
 from service.engine.runtime import Backend
 from service.errors import PayloadTooLarge
 from service.pipelines.base import Intake, Prepared, check_texts
@@ -32,12 +33,12 @@ class Scored:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
+    return np.asarray(1.0 / (1.0 + np.exp(-x)))
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    return np.asarray(e / e.sum(axis=-1, keepdims=True))
 
 
 def ranked(scores: Sequence[float] | np.ndarray, top_n: int | None = None) -> list[int]:
@@ -46,7 +47,7 @@ def ranked(scores: Sequence[float] | np.ndarray, top_n: int | None = None) -> li
     return order[:top_n] if top_n else order
 
 
-def _texts(items: list[Item]) -> list[str]:
+def _texts(items: Sequence[Item]) -> list[str]:
     return [t for it in items for t in ((it,) if isinstance(it, str) else it)]
 
 
@@ -59,14 +60,15 @@ class ScorePipeline:
         self.types = "token_type_ids" in self.manifest.inputs
 
     @property
-    def batcher(self):  # noqa: ANN201 - the serving batcher (tests, /info)
+    def batcher(self) -> DynamicBatcher:
+        """The serving batcher (tests, /info)."""
         return self.intake.batcher
 
     @property
     def labels(self) -> list[str]:
         return self.manifest.labels or [f"LABEL_{i}" for i in range(self.manifest.dimensions)]
 
-    def check(self, items: list[Item], param: str, limit: int | None = None) -> None:
+    def check(self, items: Sequence[Item], param: str, limit: int | None = None) -> None:
         limit = limit or self.settings.max_inputs
         if len(items) > limit:
             raise PayloadTooLarge(

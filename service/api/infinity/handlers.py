@@ -6,6 +6,7 @@ import base64
 import time
 import uuid
 
+import numpy as np
 from starlette.responses import Response
 
 from service.api.context import Context
@@ -33,7 +34,7 @@ async def embeddings(ctx: Context, body: EmbeddingsRequest) -> Response:
     texts = pipe.validate(as_list(body.input, "input"), "input", body.dimensions)
     out = await pipe.embed(ctx.call, texts, normalize=True, dimensions=body.dimensions)
 
-    def encode(v):  # type: ignore[no-untyped-def]
+    def encode(v: np.ndarray) -> np.ndarray | str:
         if body.encoding_format == "base64":
             return base64.b64encode(v.astype("<f4", copy=False).tobytes()).decode("ascii")
         return v
@@ -74,7 +75,8 @@ async def rerank(ctx: Context, body: RerankRequest) -> Response:
 
 
 def _info(model: Model) -> dict[str, object]:
-    batcher = (model.embed or model.score).batcher if (model.embed or model.score) else None
+    pipe = model.embed or model.score
+    batcher = pipe.batcher if pipe is not None else None
     depth = batcher.depth if batcher is not None else 0
     limit = batcher.policy.max_queue if batcher is not None else 1
     return {

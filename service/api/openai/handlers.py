@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 
 import numpy as np
 from starlette.responses import Response
@@ -24,7 +25,7 @@ async def embeddings(ctx: Context, body: EmbeddingsRequest) -> Response:
     model = ctx.model(body.model)
     pipe = model.embed
     assert pipe is not None
-    inputs = body.input
+    inputs: str | Sequence[str] = body.input  # type: ignore[assignment]  # text, unless ids:
     if (arrays := body.token_arrays()) is not None:
         inputs = await texts_from_token_ids(arrays, ctx.settings.openai_token_ids)
     texts = pipe.validate(inputs, "input", body.dimensions)

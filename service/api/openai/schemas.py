@@ -37,7 +37,7 @@ class EmbeddingsRequest(Compat):
     def token_arrays(self) -> list[list[int]] | None:
         inp = self.input
         if isinstance(inp, list) and inp and isinstance(inp[0], list):
-            return inp  # type: ignore[return-value]
+            return inp
         return None
 
 

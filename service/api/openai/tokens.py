@@ -15,6 +15,7 @@ import asyncio
 import functools
 from collections.abc import Sequence
 from importlib import resources
+from typing import Any
 
 from service.errors import InvalidInput
 
@@ -34,7 +35,7 @@ CL100K_SPECIAL = {
 
 
 @functools.cache
-def cl100k():
+def cl100k() -> Any:
     """The cl100k_base encoding from the installed file (sha256-checked), built once."""
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe

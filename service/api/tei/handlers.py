@@ -3,6 +3,7 @@ TEI works against headwise unmodified."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -82,10 +83,15 @@ async def predict(ctx: Context, body: PredictRequest) -> Response:
 
 
 # POST / answers as the first model's own route does, with that route's body.
-ROOT = {"embed": (EmbedRequest, embed), "rerank": (RerankRequest, rerank), "classify": (PredictRequest, predict)}
+RootBody = EmbedRequest | RerankRequest | PredictRequest
+ROOT: dict[str, tuple[type[RootBody], Callable[[Context, Any], Awaitable[Response]]]] = {
+    "embed": (EmbedRequest, embed),
+    "rerank": (RerankRequest, rerank),
+    "classify": (PredictRequest, predict),
+}
 
 
-async def root(ctx: Context, body: EmbedRequest | RerankRequest | PredictRequest) -> Response:
+async def root(ctx: Context, body: RootBody) -> Response:
     """huggingface_hub's InferenceClient(model=URL) posts to the base URL, as TEI answers it:
     the body is read as the first model's own route reads it."""
     task = ctx.registry.first.task

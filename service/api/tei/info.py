@@ -19,11 +19,12 @@ def model_type(model: Model) -> dict[str, Any]:
         "id2label": {str(i): label for i, label in enumerate(m.labels)},
         "label2id": {label: i for i, label in enumerate(m.labels)},
     }
-    return {
+    kinds: dict[str, dict[str, Any]] = {
         "embed": {"embedding": {"pooling": m.pooling}},
         "rerank": {"reranker": labels},
         "classify": {"classifier": labels},
-    }[m.task]
+    }
+    return kinds[m.task]
 
 
 def tei_info(model: Model, s: Settings) -> dict[str, Any]:

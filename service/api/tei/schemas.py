@@ -82,7 +82,7 @@ class DecodeRequest(Compat):
 
     def arrays(self) -> list[list[int]]:
         ids = self.ids
-        return [ids] if ids and isinstance(ids[0], int) else ids  # type: ignore[list-item,return-value]
+        return [ids] if ids and isinstance(ids[0], int) else ids  # type: ignore[return-value]
 
 
 class TokenizeRequest(Compat):

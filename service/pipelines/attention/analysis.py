@@ -41,7 +41,7 @@ def _layer_stats(
 
 def cls_importance(maps: np.ndarray, cls_index: int = 0) -> np.ndarray:
     """Attention from [CLS] to each token, last layer, averaged over heads -> (n,)."""
-    return maps[-1, :, cls_index, :].mean(0)
+    return np.asarray(maps[-1, :, cls_index, :].mean(0))
 
 
 def rollout(maps: np.ndarray, cls_index: int = 0) -> np.ndarray:
@@ -53,4 +53,4 @@ def rollout(maps: np.ndarray, cls_index: int = 0) -> np.ndarray:
         a = 0.5 * layer.mean(0) + 0.5 * np.eye(n)
         a = a / a.sum(-1, keepdims=True)
         joint = a @ joint
-    return joint[cls_index]
+    return np.asarray(joint[cls_index])

@@ -10,7 +10,7 @@ base64, as /v1/embeddings' base64: `{"encoding": "base64", "dtype": "<f2",
 from __future__ import annotations
 
 import base64
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -39,7 +39,7 @@ def compact(maps: np.ndarray, encoding: MapEncoding) -> list[bytes]:
     buf = np.empty(maps.shape, dtype=dtype)
     for i, layer in enumerate(maps):  # converted a layer at a time (short GIL holds)
         buf[i] = layer
-    data = memoryview(buf).cast("B")
+    data = memoryview(buf.data).cast("B")
     head = orjson.dumps({"encoding": "base64", "dtype": dtype, "shape": list(maps.shape)})
     pieces = [base64.b64encode(data[i : i + STEP]) for i in range(0, len(data), STEP)]
     return [head[:-1] + b',"data":"', *pieces, b'"}']
@@ -49,13 +49,13 @@ def encode_maps(maps: np.ndarray, encoding: MapEncoding) -> list[bytes]:
     return json_arrays(maps) if encoding == "float" else compact(maps, encoding)
 
 
-def with_maps(payload: dict, key: str, pieces: list[bytes]) -> list[bytes]:
+def with_maps(payload: dict[str, Any], key: str, pieces: list[bytes]) -> list[bytes]:
     """The payload's JSON with `key` set to the pre-written pieces, as pieces."""
     head = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
     return [head[:-1], b',"' + key.encode() + b'":', *pieces, b"}"]
 
 
-def decode_maps(value: dict) -> np.ndarray:
+def decode_maps(value: dict[str, Any]) -> np.ndarray:
     """The compact form back to an array (for clients and tests)."""
     raw = base64.b64decode(value["data"])
     return np.frombuffer(raw, dtype=value["dtype"]).reshape(value["shape"])

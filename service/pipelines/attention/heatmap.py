@@ -18,7 +18,7 @@ def colorize(values: np.ndarray) -> np.ndarray:
     x = np.clip(values, 0.0, 1.0) * (len(_STOPS) - 1)
     lo = np.floor(x).astype(int).clip(0, len(_STOPS) - 2)
     frac = (x - lo)[..., None]
-    return (_STOPS[lo] * (1 - frac) + _STOPS[lo + 1] * frac).round().astype(np.uint8)
+    return np.asarray((_STOPS[lo] * (1 - frac) + _STOPS[lo + 1] * frac).round(), dtype=np.uint8)
 
 
 def grid_image(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -118,14 +118,6 @@ def _timings(tokenization_s: float, items: Sequence[Item]) -> Timings:
     return Timings(
         tokenization_s, max(it.queue_s for it in items), max(it.inference_s for it in items)
     )
-
-
-@contextlib.asynccontextmanager
-async def closing(call: Call) -> AsyncIterator[Call]:
-    try:
-        yield call
-    finally:
-        call.close()
 
 
 # --- Checks every pipeline makes on what a client sends ------------------------------------

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from service.errors import Disconnected, Unavailable
 
 T = TypeVar("T")
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Messages = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 # Requests this small are tokenised on the event loop (tens of µs); larger ones on a thread, in
 # pieces of about this size, so that a request notices between them that its client left or its
@@ -71,7 +71,7 @@ class Timings:
         }
 
 
-async def _until_disconnect(receive: Receive) -> None:
+async def _until_disconnect(receive: Messages) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -79,7 +79,7 @@ async def _until_disconnect(receive: Receive) -> None:
 class Call:
     def __init__(
         self,
-        receive: Receive | None,
+        receive: Messages | None,
         deadline: float,
         drain: Drain | None = None,
         timeout_s: float | None = None,

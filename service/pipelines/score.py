@@ -22,7 +22,7 @@ from service.pipelines.base import Intake, Prepared, check_texts
 from service.pipelines.call import Call, Timings
 from service.settings import Settings
 
-Item = str | tuple[str, str]
+ScoreInput = str | tuple[str, str]  # a text, or a (query, document) pair
 
 
 @dataclass
@@ -47,7 +47,7 @@ def ranked(scores: Sequence[float] | np.ndarray, top_n: int | None = None) -> li
     return order[:top_n] if top_n else order
 
 
-def _texts(items: Sequence[Item]) -> list[str]:
+def _texts(items: Sequence[ScoreInput]) -> list[str]:
     return [t for it in items for t in ((it,) if isinstance(it, str) else it)]
 
 
@@ -68,7 +68,7 @@ class ScorePipeline:
     def labels(self) -> list[str]:
         return self.manifest.labels or [f"LABEL_{i}" for i in range(self.manifest.dimensions)]
 
-    def check(self, items: Sequence[Item], param: str, limit: int | None = None) -> None:
+    def check(self, items: Sequence[ScoreInput], param: str, limit: int | None = None) -> None:
         limit = limit or self.settings.max_inputs
         if len(items) > limit:
             raise PayloadTooLarge(
@@ -84,7 +84,7 @@ class ScorePipeline:
             for doc, enc in zip(documents, encodings, strict=True)
         ]
 
-    async def _sequences(self, call: Call, items: list[Item], truncate: bool) -> Prepared:
+    async def _sequences(self, call: Call, items: list[ScoreInput], truncate: bool) -> Prepared:
         singles = [i for i, it in enumerate(items) if isinstance(it, str)]
         pairs = [i for i, it in enumerate(items) if not isinstance(it, str)]
         encodings: list[Encoding | None] = [None] * len(items)
@@ -104,11 +104,11 @@ class ScorePipeline:
         types = [e.type_ids for e in done] if self.types else None
         return Prepared([e.ids for e in done], types, truncated=len(cut))
 
-    def _at_least(self, items: list[Item]) -> list[int]:
+    def _at_least(self, items: list[ScoreInput]) -> list[int]:
         limit = self.manifest.max_length
         return [min(limit, sum(len(t.split()) for t in _texts([it]))) for it in items]
 
-    async def score(self, call: Call, items: list[Item], truncate: bool = True) -> Scored:
+    async def score(self, call: Call, items: list[ScoreInput], truncate: bool = True) -> Scored:
         """Raw logits per item (a text or a pair), in order."""
         ran = await self.intake.run(
             call, lambda: self._sequences(call, items, truncate), at_least=self._at_least(items)

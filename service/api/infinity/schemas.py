@@ -17,12 +17,12 @@ def _unset(value: Any) -> Any:
     return None if value == UNSET_MODEL else value
 
 
-Model = Annotated[Text | None, BeforeValidator(_unset)]
+ModelOrUnset = Annotated[Text | None, BeforeValidator(_unset)]
 
 
 class EmbeddingsRequest(Compat):
     input: Texts
-    model: Model = None
+    model: ModelOrUnset = None
     encoding_format: Literal["float", "base64"] = "float"
     user: Text | None = None
     dimensions: CompatDimensions = None
@@ -54,7 +54,7 @@ class RerankRequest(Compat):
     documents: Annotated[list[Text], Field(min_length=1)]
     return_documents: StrictBool = False
     raw_scores: StrictBool = False
-    model: Model = None
+    model: ModelOrUnset = None
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
 
 

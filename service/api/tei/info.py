@@ -10,7 +10,7 @@ from service import __version__
 from service.registry import Model
 from service.settings import Settings
 
-DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
+PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
 
 
 def model_type(model: Model) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def tei_info(model: Model, s: Settings) -> dict[str, Any]:
     return {
         "model_id": m.source.id if m.source.kind == "hub" else model.name,
         "model_sha": m.source.revision,
-        "model_dtype": DTYPES[model.backend.info.precision],
+        "model_dtype": PRECISION_DTYPES[model.backend.info.precision],
         "served_model_name": model.name,
         "model_type": model_type(model),
         "max_concurrent_requests": s.max_concurrency,

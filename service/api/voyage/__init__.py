@@ -17,7 +17,3 @@ def voyage_error(e: ErrorInfo) -> dict[str, object]:
 
 DIALECT = Dialect("voyage", "Voyage-compatible", voyage_error, VoyageError)
 
-
-def is_voyage(body: dict[str, object], keys: tuple[str, ...]) -> bool:
-    """Voyage's SDK always sends these fields (null when unset); the others never do."""
-    return any(k in body for k in keys)

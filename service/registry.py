@@ -72,6 +72,7 @@ def batch_policy(s: Settings, inline: bool = False) -> BatchPolicy:
     """inline: the backend's runs may run on the event loop (Backend.inline)."""
     return BatchPolicy(
         max_batch_tokens=s.max_batch_tokens,
+        max_batch_s=s.max_batch_s,
         max_batch_size=s.max_batch_size,
         max_wait_s=s.max_wait_ms / 1e3,
         max_padding_ratio=s.max_padding_ratio,

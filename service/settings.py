@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(
         16384, ge=1, description="padded tokens (longest x count) per batch"
     )
+    max_batch_s: float = Field(
+        1.0,
+        ge=0,
+        description="a batch holds at most this many seconds of work at the measured throughput, "
+        "so no answer waits long past its deadline behind the batch running (0: no bound)",
+    )
     max_batch_size: int = Field(64, ge=1, description="texts per batch")
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch may wait to fill up")
     max_padding_ratio: float = Field(
@@ -91,8 +97,26 @@ class Settings(BaseSettings):
     keep_alive_s: float = Field(
         30.0, gt=0, description="idle keep-alive connections are closed after this (uvicorn: 5)"
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request's headers must arrive within this of the connection opening (or of "
+        "its first byte, on a kept-alive one); then the connection is closed (408 if any came)",
+    )
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="request header bytes; then 431 and the connection closed"
+    )
     max_concurrency: int = Field(
-        1024, ge=1, description="connections and requests at once; more are answered 503 by uvicorn"
+        1024,
+        ge=1,
+        description="requests in flight at once (idle connections do not count); more are "
+        "answered 503 with Retry-After, but liveness",
+    )
+    max_connections: int = Field(
+        2048,
+        ge=16,
+        description="open connections; a new one past it closes the longest-idle one, or, when "
+        "every one is busy, is answered 503 with Retry-After (liveness still answered)",
     )
 
     # Attention maps

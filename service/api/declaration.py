@@ -222,6 +222,11 @@ class RouteTable:
         routes = self.at(path)
         return routes[0].path if routes else "other"
 
+    def liveness(self) -> frozenset[str]:
+        """Paths answered however crowded the server is: the open GET routes (health,
+        readiness, metrics: cheap, and what orchestrators and scrapers rely on)."""
+        return frozenset(r.path for r in self.routes if r.open and r.method == "GET")
+
     def lane(self) -> dict[str, Route]:
         return {r.path: r for r in self.routes if r.lane and r.method == "POST"}
 

@@ -31,6 +31,9 @@ class Item:
 @dataclass
 class BatchPolicy:
     max_batch_tokens: int = 16384
+    # A batch holds at most this many seconds of work at the measured throughput (0: no bound),
+    # so that the batch running never holds an answer long past its deadline.
+    max_batch_s: float = 0.0
     max_batch_size: int = 64
     max_wait_s: float = 0.002
     max_padding_ratio: float = 0.1
@@ -41,8 +44,10 @@ class BatchPolicy:
     inline_max_tokens: int = 0  # padded tokens of a batch that may run on the loop when idle
 
 
-def select_batch(queue: Sequence[Item], policy: BatchPolicy) -> list[Item]:
-    """The oldest item plus its nearest-length neighbours, within budget and padding bounds."""
+def select_batch(queue: Sequence[Item], policy: BatchPolicy, budget: int | None = None) -> list[Item]:
+    """The oldest item plus its nearest-length neighbours, within the token budget (default the
+    policy's) and the padding bounds. The oldest item always goes, whatever its size."""
+    budget = policy.max_batch_tokens if budget is None else budget
     window = list(queue[: policy.max_batch_size * policy.window])
     anchor = window[0]
     ordered = sorted(window, key=lambda it: it.length)
@@ -60,7 +65,7 @@ def select_batch(queue: Sequence[Item], policy: BatchPolicy) -> list[Item]:
                 padded = new_longest * count
                 extra = padded - padded_now - length
                 options.append((1 - (real + length) / padded, extra, side, new_longest))
-        options = [o for o in options if o[3] * count <= policy.max_batch_tokens]
+        options = [o for o in options if o[3] * count <= budget]
         if not options:
             break
         padding, extra, side, new_longest = min(options, key=lambda o: (o[1], o[0]))

@@ -88,6 +88,14 @@ class DynamicBatcher:
         running = self._running_tokens / rate - (time.monotonic() - self._running_since)
         return queued + max(0.0, running)
 
+    def token_budget(self) -> int:
+        """Padded tokens a batch may hold: the policy's, and no more than max_batch_s of work
+        at the measured throughput."""
+        budget = self.policy.max_batch_tokens
+        if self.policy.max_batch_s > 0:
+            budget = min(budget, int(self.throughput.tokens_per_s * self.policy.max_batch_s))
+        return max(1, budget)
+
     def rejected(self, reason: str) -> None:
         if self._observer:
             self._observer.rejected(reason)
@@ -151,7 +159,7 @@ class DynamicBatcher:
         q = self._queue
         if not q or len(q) >= self.policy.max_batch_size:
             return True
-        return max(it.length for it in q) * len(q) >= self.policy.max_batch_tokens
+        return max(it.length for it in q) * len(q) >= self.token_budget()
 
     async def _fill(self) -> None:
         """Wait for a fuller batch, but only while texts are on their way and max_wait allows."""
@@ -200,7 +208,7 @@ class DynamicBatcher:
                 self._prune()
                 if not self._queue:
                     continue
-                batch = select_batch(self._queue, self.policy)
+                batch = select_batch(self._queue, self.policy, self.token_budget())
                 chosen = set(map(id, batch))
                 self._queue = [it for it in self._queue if id(it) not in chosen]
                 self._report_depth()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import re
 import time
@@ -20,15 +21,32 @@ from service.errors import (
     PayloadTooLarge,
     RequestTimeout,
     Unauthorized,
+    Unavailable,
     UnsupportedMediaType,
 )
 from service.http.asgi import ASGIApp, Message, Receive, Scope, Send, content_type, is_json, replay
 from service.http.errors import Answers
+from service.http.protocol import OVERLOADED
 from service.http.routing import ARRIVED
 from service.metrics import Metrics
 
 access = logging.getLogger("headwise.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def utf8_or_escaped(body: bytes) -> bytes:
+    """A JSON body as sent when it is UTF-8; otherwise the same JSON with each invalid byte as
+    an escaped lone surrogate (\\udcXX), so that validation names the field that holds it (and
+    refuses it, 422) instead of the parser refusing the whole body without saying where."""
+    try:
+        body.decode("utf-8")
+        return body
+    except UnicodeDecodeError:
+        pass
+    try:
+        return json.dumps(json.loads(body.decode("utf-8", "surrogateescape"))).encode()
+    except (ValueError, RecursionError):
+        return body  # not JSON either (or nested too deep): the parser's 400 says so
 
 
 class HeadwiseMiddleware:
@@ -95,6 +113,9 @@ class HeadwiseMiddleware:
         self.metrics.inflight.inc()
         self.metrics.active += 1
         try:
+            if (crowded := state.get(OVERLOADED)) is not None:
+                await refuse(Unavailable(f"server at capacity: {crowded}", retry_after=1))
+                return
             if not self._authorised(scope):
                 await refuse(
                     Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
@@ -120,6 +141,8 @@ class HeadwiseMiddleware:
                 )
                 return
             state[ARRIVED] = time.monotonic()
+            if body and self._takes_json(scope):
+                body = utf8_or_escaped(body)
             await self.app(scope, replay(body, receive), send_with_headers)
         finally:
             self.metrics.inflight.dec()
@@ -146,6 +169,10 @@ class HeadwiseMiddleware:
                         "ms": round(seconds * 1e3, 3),
                     },
                 )
+
+    def _takes_json(self, scope: Scope) -> bool:
+        route = self.table.match(scope["method"], scope["path"])
+        return route is not None and route.request is not None
 
     def _not_json(self, scope: Scope) -> str | None:
         """The content type of a body sent to a JSON route as something else (None if fine:

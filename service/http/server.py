@@ -15,10 +15,29 @@ from fastapi import FastAPI
 
 from service.bundle import Bundle, BundleError, load_bundle
 from service.engine.runtime import Backend, DeviceUnavailable, OnnxBackend, choose_providers
+from service.http.protocol import Limits, guarded
 from service.registry import ModelSpec, load_backends, unique_names
 from service.settings import Settings
 
 log = logging.getLogger("headwise")
+
+
+def raise_open_files(wanted: int) -> None:
+    """Let the process hold `wanted` sockets: the soft limit is often 1,024, under which a
+    thousand idle sockets would stop the server accepting (its liveness probe included)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        log.info("open files limit raised from %d to %d", soft, target)
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        log.warning(
+            "open files hard limit %d is under the %d sockets HEADWISE_MAX_CONNECTIONS needs",
+            hard,
+            wanted,
+        )
 
 
 def margin_s(grace_s: float) -> float:
@@ -137,14 +156,22 @@ def serve_command(args: argparse.Namespace) -> int:
         return loaded[spec]
 
     app = create_app(settings, loader=preloaded)
+    limits = Limits(
+        header_timeout_s=settings.header_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        max_requests=settings.max_concurrency,
+        max_connections=settings.max_connections,
+        always=app.state.table.liveness(),
+    )
+    raise_open_files(settings.max_connections + 256)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=guarded(limits),
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
-        limit_concurrency=settings.max_concurrency,
-        timeout_keep_alive=round(settings.keep_alive_s),
+        timeout_keep_alive=max(1, round(settings.keep_alive_s)),
         access_log=False,  # ours is the middleware's (HEADWISE_ACCESS_LOG), with the model
         log_config=None,  # keep the handlers configured above (JSON or text) for uvicorn too
         lifespan="on",

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt
 
-from service.api.fields import Compat, ModelName, Text
+from service.api.fields import Compat, ModelName, Text, check_unicode
 
 
 class RerankRequest(Compat):
@@ -30,7 +30,9 @@ class RerankRequest(Compat):
             values = [item[f] for f in fields if f in item]
             if not values:
                 raise ValueError(f"an input has none of the rank_fields {fields}")
-            out.append("\n".join(v if isinstance(v, str) else str(v) for v in values))
+            text = "\n".join(v if isinstance(v, str) else str(v) for v in values)
+            check_unicode(text, "an input's rank_fields")
+            out.append(text)
         return out
 
 

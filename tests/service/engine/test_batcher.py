@@ -425,3 +425,18 @@ def test_a_batch_with_others_still_queued_runs_on_the_inference_thread():
     first, second = run(go())
     assert first is not threading.current_thread()
     assert second is threading.current_thread()
+
+
+def test_a_batch_holds_at_most_max_batch_s_of_work_at_the_measured_rate():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_wait_s=0.0, max_padding_ratio=1.0, max_batch_s=0.5, assumed_tokens_per_s=80)
+        items = b.submit(seqs(*[10] * 12), soon(5))  # 120 tokens: 1.5 s at 80 tokens/s
+        await asyncio.gather(*(it.future for it in items))
+        await b.stop()
+        return rec.batches
+
+    batches = run(main())
+    # Before any batch is measured: 0.5 s at the assumed 80 tokens/s is 40 padded tokens.
+    assert batches[0] == (4, 10), batches
+    assert sum(n for n, _ in batches) == 12

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -52,7 +51,7 @@ BAD_REQUESTS = [
     ("/encode", b'{"inputs": "\\ud800"}', JSON, 422, "invalid Unicode"),
     ("/encode", b'{"inputs": ["ok", "\\udc00x"]}', JSON, 422, "item 1"),
     ("/encode", b'{"inputs": "\\uZZZZ"}', JSON, 400, "JSON"),
-    ("/encode", b'{"inputs": "a\xff\xfeb"}', JSON, 400, "JSON"),
+    ("/encode", b'{"inputs": "a\xff\xfeb"}', JSON, 422, "inputs: the text is invalid Unicode"),
     ("/encode", json.dumps({"inputs": ["x"] * 5000}).encode(), JSON, 422, "limit is 2048"),
     ("/encode", json.dumps({"inputs": "x" * 200_000}).encode(), JSON, 413, "limit is 100000"),
     ("/encode", b'{"inputs": "' + b"x" * (5 << 20) + b'"}', JSON, 413, "larger than the limit"),
@@ -233,13 +232,12 @@ def test_chunked_body_over_the_limit_is_413(tiny_bundle):
         assert r.status_code == 413 and "4096" in r.json()["error"]["message"]
 
 
-def test_slow_bodies_time_out_and_too_many_connections_get_503(tiny_bundle, tmp_path):
-    """A client trickling its body is cut off (408); past the concurrency limit, 503."""
+def test_a_slow_body_times_out_408(tiny_bundle, tmp_path):
+    """A client trickling its body is cut off (408). (Connections: test_protocol.py.)"""
     import socket
 
-    from tests.waiting import until
 
-    env = {"HEADWISE_BODY_TIMEOUT_S": "0.5", "HEADWISE_MAX_CONCURRENCY": "3"}
+    env = {"HEADWISE_BODY_TIMEOUT_S": "0.5"}
     with serve(tiny_bundle, tmp_path, env=env) as server:
         port = int(server.url.rsplit(":", 1)[1])
         head = b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
@@ -252,16 +250,3 @@ def test_slow_bodies_time_out_and_too_many_connections_get_503(tiny_bundle, tmp_
                 assert chunk, f"connection closed before the whole answer: {answer!r}"
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in answer
-        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
-        try:
-            until(
-                lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503,
-                "the server to count the open connections against its limit",
-            )
-        finally:
-            for s in idle:
-                s.close()
-        until(
-            lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 200,
-            "the slots of the closed connections to be free again",
-        )

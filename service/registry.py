@@ -116,9 +116,16 @@ class Model:
         return [b for b in self.batchers if b is not attention]
 
 
-def build_model(name: str, backend: Backend, settings: Settings, metrics: Metrics) -> Model:
+def build_model(
+    name: str,
+    backend: Backend,
+    settings: Settings,
+    metrics: Metrics,
+    admission: Admission | None = None,
+) -> Model:
+    """admission: shared by the models on one device (default: this model's own)."""
     manifest = backend.manifest
-    admission = Admission(settings.request_timeout_s, settings.max_padding_ratio)
+    admission = admission or Admission(settings.request_timeout_s, settings.max_padding_ratio)
     model = Model(name, backend, manifest.created or int(time.time()), admission)
 
     def intake(infer: Infer, path: str) -> Intake:
@@ -221,7 +228,12 @@ class Registry:
     ) -> Registry:
         backends = load_backends(specs, loader, settings)
         names = unique_names(specs, [b.manifest.name for b in backends])
-        models = [build_model(n, b, settings, metrics) for n, b in zip(names, backends, strict=True)]
+        # One admission for all serving batchers: the models share the cores (or the GPU).
+        shared = Admission(settings.request_timeout_s, settings.max_padding_ratio)
+        models = [
+            build_model(n, b, settings, metrics, shared)
+            for n, b in zip(names, backends, strict=True)
+        ]
         return cls(models, settings, metrics, routes_of)
 
     def __iter__(self) -> Iterator[Model]:

@@ -54,20 +54,29 @@ def padded(lengths: Sequence[int], padding_ratio: float) -> float:
 
 
 class Admission:
-    """One per model: its serving batchers share the cores, so each waits for all of them."""
+    """One for the serving batchers that share the device (the CPU's cores, or one GPU): every
+    model's, since a batch of one model delays the others' as much as its own. Work admitted
+    but not yet queued (being tokenised) is promised: it counts as ahead of later requests, so
+    a burst that arrives at once is not all admitted against an empty queue."""
 
     def __init__(self, timeout_s: float, padding_ratio: float) -> None:
         self.timeout_s = timeout_s
         self.padding_ratio = padding_ratio
         self.batchers: list[Backlogged] = []
+        self.promised_s = 0.0
 
     def ahead_s(self) -> float:
-        """Seconds of work queued and running on the model's batchers."""
-        return sum(b.backlog_s() for b in self.batchers)
+        """Seconds of work promised, queued and running on the batchers."""
+        return self.promised_s + sum(b.backlog_s() for b in self.batchers)
 
-    def admit(self, batcher: Backlogged, lengths: Sequence[int], remaining_s: float) -> None:
-        """Raise PayloadTooLarge (413) or Overloaded (429) when the work cannot meet its
-        deadline (remaining_s from now) on `batcher`."""
+    def release(self, seconds: float) -> None:
+        """A promise kept (the work was queued) or withdrawn (the request ended first)."""
+        self.promised_s = max(0.0, self.promised_s - seconds)
+
+    def admit(self, batcher: Backlogged, lengths: Sequence[int], remaining_s: float) -> float:
+        """The seconds of work promised for these texts on `batcher` (release them once queued);
+        PayloadTooLarge (413) or Overloaded (429) when they cannot meet their deadline
+        (remaining_s from now)."""
         rate = batcher.throughput
         tokens_per_s = rate.tokens_per_s
         own = padded(lengths, self.padding_ratio) / tokens_per_s
@@ -82,7 +91,7 @@ class Admission:
                 f"{fit} such inputs a request",
                 param="inputs",
             )
-        ahead = self.ahead_s() if batcher in self.batchers else batcher.backlog_s()
+        ahead = self.ahead_s() if batcher in self.batchers else batcher.backlog_s() + self.promised_s
         if ahead + own > remaining_s:
             batcher.rejected("queue_too_long")
             raise Overloaded(
@@ -92,3 +101,5 @@ class Admission:
                 "retry later or send fewer inputs",
                 retry_after=max(1.0, ahead + own - remaining_s),
             )
+        self.promised_s += own
+        return own

@@ -72,9 +72,10 @@ class Intake:
         self._truncated = metrics.truncated.labels(*labels)
         self._length = metrics.input_length.labels(*labels)
 
-    def admit(self, lengths: Sequence[int], call: Call) -> None:
+    def admit(self, lengths: Sequence[int], call: Call) -> float:
+        """Seconds of work promised (release once queued), or a refusal."""
         try:
-            self.admission.admit(self.batcher, lengths, call.remaining())
+            return self.admission.admit(self.batcher, lengths, call.remaining())
         except Overloaded:
             if call.draining:  # it is the shutdown, not the load, that leaves too little time
                 raise call.expired() from None
@@ -91,27 +92,36 @@ class Intake:
         """The batcher's outputs for the prepared sequences (or `then` of them, still inside
         `hold`). at_least: a lower bound of each input's tokens, known without a tokenizer."""
         call.check()
-        if at_least:
-            self.admit(at_least, call)
+        promised = self.admit(at_least, call) if at_least else 0.0
         self.batcher.arriving += 1
         try:
             started = time.monotonic()
             prepared = await prepare()
             tokenization_s = time.monotonic() - started
-            self.admit([len(s) for s in prepared.sequences], call)
+            self.admission.release(promised)
+            promised = 0.0
+            promised = self.admit([len(s) for s in prepared.sequences], call)
+        except BaseException:
+            self.admission.release(promised)
+            raise
         finally:
             self.batcher.arriving -= 1
         self._tokenization.observe(tokenization_s)
         if prepared.truncated:
             self._truncated.inc(prepared.truncated)
-        async with hold(prepared) if hold is not None else contextlib.nullcontext():
-            items = self.batcher.submit(prepared.sequences, call.deadline, prepared.types)
-            rows = await call.wait([it.future for it in items])
-            ran = Ran(rows, prepared, _timings(tokenization_s, items))
-            self._queue.observe(ran.timings.queue_s)
-            for n in ran.lengths:
-                self._length.observe(n)
-            return await then(ran) if then is not None else ran
+        try:
+            async with hold(prepared) if hold is not None else contextlib.nullcontext():
+                items = self.batcher.submit(prepared.sequences, call.deadline, prepared.types)
+                self.admission.release(promised)  # queued: the batcher counts it now
+                promised = 0.0
+                rows = await call.wait([it.future for it in items])
+                ran = Ran(rows, prepared, _timings(tokenization_s, items))
+                self._queue.observe(ran.timings.queue_s)
+                for n in ran.lengths:
+                    self._length.observe(n)
+                return await then(ran) if then is not None else ran
+        finally:
+            self.admission.release(promised)  # refused by the queue or the hold: withdrawn
 
 
 def _timings(tokenization_s: float, items: Sequence[Item]) -> Timings:

@@ -167,3 +167,18 @@ def test_framework_bench_answers_every_way_with_200_warm_and_cold():
     rows = asyncio.run(measure(calls=5, sweep_mb=1))  # raises unless every call answered 200
     assert len(rows) == 3
     assert all(v["warm_us"] > 0 and v["cold_us"] > 0 for v in rows.values())
+
+
+@pytest.mark.slow
+def test_hostile_runs_and_reports_every_goal(tiny_bundle, ranker_bundle, tmp_path):
+    """bench.hostile end to end on the tiny bundles, small numbers: it must not rot."""
+    from bench import hostile
+
+    args = ["--bundle", str(tiny_bundle), "--ranker", str(ranker_bundle), "--idle", "20",
+            "--slowloris", "5", "--probes", "10", "--load", "2", "--documents", "64",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert hostile.main(args) == 0
+    out = json.loads((tmp_path / "hostile.json").read_text())
+    assert out["sockets"]["health_failed"] == 0 and out["sockets"]["encode_failed"] == 0
+    assert out["deadlines"]["requests"] >= 2 and out["gone"]["full_request_cpu_s"] > 0
+    assert "< 0.5x" in (tmp_path / "hostile.md").read_text()

@@ -110,3 +110,26 @@ def test_an_oversized_request_is_refused_before_any_batch_is_computed():
         batcher = c.app.state.registry.models["fake"].embed.batcher
         assert batcher.throughput.measured  # the batch it ran was measured
         assert batcher.depth == 0
+
+
+def test_work_admitted_but_not_yet_queued_counts_for_the_requests_after_it():
+    """A burst arriving at once: each is admitted against the ones admitted before it (still
+    tokenising), not against an empty queue."""
+    admission = Admission(timeout_s=10.0, padding_ratio=0.0)
+    b = Stub(100)
+    admission.batchers.append(b)
+    promised = [admission.admit(b, [300], 10.0) for _ in range(3)]  # 3 s each: 9 s
+    with pytest.raises(Overloaded):
+        admission.admit(b, [300], 10.0)
+    admission.release(sum(promised))  # queued (or withdrawn): the batcher counts it, or nobody
+    assert admission.ahead_s() == 0.0
+
+
+def test_models_on_one_device_share_one_admission():
+    backends = [FakeBackend(fake_manifest("a")), FakeBackend(fake_manifest("b", d=4))]
+    with client_for(["a", "b"], loader=fake_loader(*backends)) as c:
+        models = c.app.state.registry.models
+        assert models["a"].admission is models["b"].admission
+        assert len(models["a"].admission.batchers) == len(models["a"].batchers) + len(
+            models["b"].batchers
+        ) - 2  # each model's serving batchers; /attention's are apart

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.errors import Disconnected
 from service.pipelines.call import Call, Timings
 from service.registry import Capability, Model, Registry
 from service.settings import Settings
@@ -49,7 +50,10 @@ class Context:
             ) from None
 
     def respond(self, payload: Any, timings: Timings | None = None, status: int = 200) -> Response:
-        """orjson for the body (numpy arrays included); timing headers when there were any."""
+        """orjson for the body (numpy arrays included); timing headers when there were any.
+        A client that went away gets nothing written (serialising a large answer costs)."""
+        if self.call.gone:
+            raise Disconnected()
         if timings is not None:
             self.request.state.timing_headers = timings.headers()
         body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)

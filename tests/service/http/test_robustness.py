@@ -190,7 +190,8 @@ def fuzz_operation(strategy, name: str, url: str, tried: dict, failures: list) -
     ]
 
     @settings(
-        max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None
+        max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+        derandomize=True,
     )
     @given(case=strategy)
     def fuzz(case):

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from pydantic import TypeAdapter
 
 from service.api.routes import TABLE
+from service.api.tei.handlers import ROOT
 from tests.service.conftest import client_for
 from tests.service.fakes import FakeBackend, fake_loader, fake_manifest
 
@@ -74,7 +76,10 @@ def valid_bodies(client, path: str, n: int) -> list[Any]:
     operation = schema[path]["POST"]
     found: list[Any] = []
 
-    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=60, deadline=None, database=None, derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )  # fmt: skip
     @given(case=operation.as_strategy())
     def collect(case):
         if len(found) >= n or not isinstance(case.body, dict):
@@ -99,6 +104,8 @@ def test_every_string_field_of_every_route_is_safe(served, caplog):
     assert len(routes) >= 15
     for route in routes:
         adapter = TABLE.match("POST", route).adapter
+        if route == "/":  # read as the first model's own route (an embedder's here)
+            adapter = TypeAdapter(ROOT["embed"][0])
         for body in valid_bodies(served, route, 2):
             for where in strings(body):
                 if not read(adapter, replaced(body, where)):

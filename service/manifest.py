@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 Task = Literal["embed", "rerank", "classify"]
 Pooling = Literal["mean", "cls", "lasttoken"]
@@ -74,8 +74,10 @@ class GraphEntry(FileEntry):
     precision: Precision
     op_counts: dict[str, int]
     parity: Parity
-    # False only for a graph exported with an explicit flag that allows unfused attention.
+    # False for a graph whose attention ONNX Runtime cannot fuse (the reason says which op is
+    # missing and why), or that an explicit flag let ship unfused.
     fused: bool = True
+    unfused_reason: str | None = None
     kept_fp32: list[str] = Field(default_factory=list)  # int8: nodes left in float32
     quantised: int | None = None  # int8: how many of the graph's MatMul/Attention nodes are int8
     quality: RetrievalQuality | None = None  # int8 of an embedding model: what its gate measured

@@ -142,6 +142,14 @@ def _int8(
     )
 
 
+def _output_dim(loaded: LoadedModel) -> int | None:
+    """The logits' count, or the last Dense module's out_features (EmbeddingGemma); None when
+    the embedding is d_model wide as it leaves the encoder."""
+    if loaded.task != "embed":
+        return len(loaded.labels)
+    return loaded.config.embedding_dim if loaded.config.dense_layers else None
+
+
 def build_bundle(
     loaded: LoadedModel,
     out: Path,
@@ -205,12 +213,13 @@ def build_bundle(
             num_layers=cfg.n_layers,
             num_heads=cfg.n_heads,
             d_model=cfg.d_model,
+            head_dim=cfg.d_k,
             d_ff=cfg.d_ff,
             vocab_size=cfg.vocab_size,
             max_length=loaded.max_length,
             pooling=cfg.pooling,
             normalize=loaded.normalize,
-            output_dim=len(loaded.labels) if task != "embed" else None,
+            output_dim=_output_dim(loaded),
             prompts=loaded.prompts,
             default_prompt_name=loaded.default_prompt_name,
             labels=loaded.labels,

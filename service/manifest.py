@@ -106,6 +106,7 @@ class Manifest(Frozen):
     num_layers: int
     num_heads: int
     d_model: int
+    head_dim: int | None = None  # a head's size; None: d_model // num_heads (Gemma's differs)
     d_ff: int
     vocab_size: int
     max_length: int
@@ -114,7 +115,8 @@ class Manifest(Frozen):
     # `normalize` is the default of /encode's `normalize` when a request leaves it out.
     pooling: Pooling = "mean"
     normalize: bool = False
-    output_dim: int | None = None  # the graph's output width when it differs from d_model
+    # The graph's output width when it is not d_model: the labels, or the last Dense module's.
+    output_dim: int | None = None
     # sentence-transformers' prompts: name -> text prepended to the input.
     prompts: dict[str, str] = Field(default_factory=dict)
     default_prompt_name: str | None = None

@@ -15,7 +15,7 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
-from export import optimize, quality, verify
+from export import fused, optimize, quality, verify
 from export.onnx import OPSET, export_attention, export_serving, graph_inputs
 from models.weights import LoadedModel
 from service.bundle import MANIFEST, sha256_file
@@ -142,6 +142,14 @@ def _int8(
     )
 
 
+def _output_dim(loaded: LoadedModel) -> int | None:
+    """The logits' count, or the last Dense module's out_features (EmbeddingGemma); None when
+    the embedding is d_model wide as it leaves the encoder."""
+    if loaded.task != "embed":
+        return len(loaded.labels)
+    return loaded.config.embedding_dim if loaded.config.dense_layers else None
+
+
 def build_bundle(
     loaded: LoadedModel,
     out: Path,
@@ -164,29 +172,21 @@ def build_bundle(
         graphs: dict[str, GraphEntry] = {}
 
         raw = tmp / "raw.onnx"
-        export_serving(model, raw)
+        plan = fused.plan(cfg)
+        export_serving(model, raw, emit_fused=plan.kind == "emit")
         fused_path = tmp / "encoder.onnx"
-        report = optimize.fuse(
-            raw,
-            fused_path,
-            cfg.n_heads,
-            cfg.d_model,
-            cfg.n_layers,
-            attention_bias=cfg.relative_attention_buckets > 0,
-            allow_unfused=options.allow_unfused,
-        )
+        report = optimize.fuse(raw, fused_path, cfg, plan, options.allow_unfused)
         raw.unlink()
+        fusion = {"fused": report.fused, "unfused_reason": report.unfused_reason}
         fp32 = _run(fused_path, feeds)[0]
         parity = _check(fp32, want, "encoder.onnx", task, verify.FP32_MIN_COSINE)
-        graphs["encoder"] = _graph_entry(
-            fused_path, "fp32", report.op_counts, parity, fused=report.fused
-        )
+        graphs["encoder"] = _graph_entry(fused_path, "fp32", report.op_counts, parity, **fusion)
 
         attn_path = tmp / "attention.onnx"
         export_attention(model, attn_path)
         emb, attn = _run(attn_path, feeds)
         parity = _check(emb, want, "attention.onnx", task, verify.FP32_MIN_COSINE)
-        attn_diff = float(np.abs(attn - want_attn).max())
+        attn_diff = verify.attention_diff(attn, want_attn, feeds["attention_mask"])
         parity = parity.model_copy(update={"attention_max_abs_diff": attn_diff})
         if not attn_diff <= verify.ATTENTION_MAX_ABS:
             raise verify.ParityError(f"attention.onnx: attention maps differ by {attn_diff:.3g}")
@@ -199,11 +199,11 @@ def build_bundle(
             counts = optimize.to_fp16(fused_path, path)
             parity = verify.compare_outputs("encoder.onnx", _run(path, feeds)[0], fp32, task)
             verify.require(parity, path.name, verify.FP16_MIN_COSINE)
-            graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity, fused=report.fused)
+            graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity, **fusion)
         if options.int8:
             path = tmp / "encoder.int8.onnx"
             entry = _int8(fused_path, path, tok, feeds, fp32, task, options)
-            graphs["encoder_int8"] = entry.model_copy(update={"fused": report.fused})
+            graphs["encoder_int8"] = entry.model_copy(update=fusion)
 
         manifest = Manifest(
             name=loaded.name,
@@ -213,12 +213,13 @@ def build_bundle(
             num_layers=cfg.n_layers,
             num_heads=cfg.n_heads,
             d_model=cfg.d_model,
+            head_dim=cfg.d_k,
             d_ff=cfg.d_ff,
             vocab_size=cfg.vocab_size,
             max_length=loaded.max_length,
             pooling=cfg.pooling,
             normalize=loaded.normalize,
-            output_dim=len(loaded.labels) if task != "embed" else None,
+            output_dim=_output_dim(loaded),
             prompts=loaded.prompts,
             default_prompt_name=loaded.default_prompt_name,
             labels=loaded.labels,

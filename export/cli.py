@@ -41,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-unfused",
         action="store_true",
-        help="write the bundle even when attention does not fuse (the manifest says fused=false)",
+        help="write the bundle even when ORT's matcher misses a BERT-family attention (the "
+        "manifest says fused=false and why); a family ORT has no kernel for ships unfused "
+        "without it, its reason in the manifest",
     )
     p.add_argument("--fp16", action="store_true", help="also write encoder.fp16.onnx (GPU)")
     p.add_argument("--int8", action="store_true", help="also write encoder.int8.onnx (CPU)")
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             p.min_cosine,
             p.reference,
             graph.op_counts,
-            "" if graph.fused else "  UNFUSED",
+            "" if graph.fused else f"  UNFUSED: {graph.unfused_reason}",
         )
         if graph.quality is not None:
             log.info(

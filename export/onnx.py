@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from export.fused import ort_kernels
 from models.encoder import SentenceEncoder
 
 log = logging.getLogger(__name__)
@@ -117,16 +119,20 @@ def check_size(model: nn.Module) -> None:
         )
 
 
-def export_serving(model: nn.Module, path: Path) -> None:
+def export_serving(model: nn.Module, path: Path, emit_fused: bool = False) -> None:
+    """The serving graph: the explicit attention path (whose shape ORT's BERT fusion matches),
+    or with `emit_fused` ONNX Runtime's MultiHeadAttention and RotaryEmbedding nodes written
+    in its place (export/fused.py)."""
     check_size(model)
     if model.cfg.attention_impl != "explicit":
         raise ValueError("export needs the explicit attention path: its shape is what ORT fuses")
     out = primary_output(model)
-    if isinstance(model, SentenceEncoder):
-        axes = {out: {0: "batch"}, TOKENS: {0: "batch", 1: "sequence"}}
-        _export(ServingGraph(model), model, path, [out, TOKENS], axes)
-    else:
-        _export(ServingGraph(model), model, path, [out], {out: {0: "batch"}})
+    with ort_kernels(model) if emit_fused else nullcontext():
+        if isinstance(model, SentenceEncoder):
+            axes = {out: {0: "batch"}, TOKENS: {0: "batch", 1: "sequence"}}
+            _export(ServingGraph(model), model, path, [out, TOKENS], axes)
+        else:
+            _export(ServingGraph(model), model, path, [out], {out: {0: "batch"}})
 
 
 def export_attention(model: nn.Module, path: Path) -> None:

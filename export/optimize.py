@@ -3,6 +3,12 @@
 The optimizer only *warns* when its pattern matcher misses attention; a graph that silently
 runs unfused is slower and, worse, not the graph we claim to ship. Here a short count is an
 error that names what is missing.
+
+Each family's attention is fused one of three ways (export/fused.py's `plan`): ORT's matcher
+finds the BERT pattern ("match": a miss is an error, or with allow_unfused a bundle marked
+unfused); export wrote ORT's MultiHeadAttention/RotaryEmbedding nodes itself ("emit": the gate
+checks every one is there); or ORT has no kernel for it ("none": the unfused graph ships, and
+the manifest says why).
 """
 
 from __future__ import annotations
@@ -15,15 +21,21 @@ from pathlib import Path
 
 import onnx
 
+from export.fused import Plan, expected_nodes
+from models.config import EncoderConfig
+
 log = logging.getLogger(__name__)
 
 ATTENTION_OPS = ("Attention", "MultiHeadAttention")
 REPORTED_OPS = (
     "Attention",
     "MultiHeadAttention",
+    "RotaryEmbedding",
     "EmbedLayerNormalization",
     "SkipLayerNormalization",
     "LayerNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
     "BiasGelu",
     "Gelu",
     "FastGelu",
@@ -45,6 +57,13 @@ class FusionReport:
     attention_nodes: int
     softmax_nodes: int
     fused: bool = True
+    unfused_reason: str | None = None  # why attention is not fused, when it is not
+
+    def describe(self) -> str:
+        """What the gate found fused, in one line (logged at export)."""
+        if not self.fused:
+            return f"UNFUSED ({self.unfused_reason}); ops {self.op_counts}"
+        return f"{self.attention_nodes} fused attention node(s), 0 Softmax; ops {self.op_counts}"
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -64,6 +83,20 @@ def check_fusion(model: onnx.ModelProto, n_layers: int) -> FusionReport:
             "(1 - mask) * -10000 mask, explicit softmax(QKᵀ/√d_k)·V)."
         )
     return FusionReport(op_counts(model), attention, softmax)
+
+
+def check_emitted(model: onnx.ModelProto, cfg: EncoderConfig) -> FusionReport:
+    """The nodes export wrote itself (export/fused.py) are all there after optimisation, and no
+    Softmax is left: anything else is export's own bug, and an error naming the op."""
+    counts = Counter(node.op_type for node in model.graph.node)
+    for op, want in expected_nodes(cfg).items():
+        if counts[op] != want:
+            raise FusionError(
+                f"{cfg.architecture}: the serving graph has {counts[op]} {op} node(s), export "
+                f"emitted {want} ({cfg.n_layers} layers): ONNX Runtime's optimizer or the "
+                "export lost the fused attention"
+            )
+    return FusionReport(op_counts(model), counts["MultiHeadAttention"], 0)
 
 
 def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
@@ -109,16 +142,15 @@ def attach_attention_bias(model: onnx.ModelProto, bias: str) -> None:
 
 
 def fuse(
-    raw: Path,
-    out: Path,
-    n_heads: int,
-    d_model: int,
-    n_layers: int,
-    attention_bias: bool = False,
-    allow_unfused: bool = False,
+    raw: Path, out: Path, cfg: EncoderConfig, plan: Plan, allow_unfused: bool = False
 ) -> FusionReport:
-    """Fuse `raw` into `out`; FusionError when attention did not fuse, unless allow_unfused
-    (then `out` is the optimised but unfused graph and the report says fused=False)."""
+    """Optimise `raw` into `out` and gate it by the family's plan (module docstring).
+
+    "match": FusionError when attention did not fuse, unless allow_unfused (then `out` is the
+    optimised but unfused graph, and the report says fused=False and why). "emit": FusionError
+    unless every emitted node survived. "none": the optimised unfused graph, with the plan's
+    reason.
+    """
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -131,24 +163,14 @@ def fuse(
         return optimize_model(
             model,
             model_type="bert",
-            num_heads=n_heads,
-            hidden_size=d_model,
+            num_heads=cfg.n_heads,
+            hidden_size=cfg.d_model,
             optimization_options=options,
             opt_level=0,
             use_gpu=False,
         )
 
-    try:
-        model = onnx.load(str(raw))
-        bias = detach_attention_bias(model) if attention_bias else None
-        optimized = optimize(model)
-        if bias is not None:
-            attach_attention_bias(optimized.model, bias)
-        report = check_fusion(optimized.model, n_layers)
-    except FusionError as exc:
-        if not allow_unfused:
-            raise
-        log.warning("shipping an UNFUSED graph (allowed by flag): %s", exc)
+    def unfused(reason: str):
         optimized = optimize(onnx.load(str(raw)))
         counts = Counter(node.op_type for node in optimized.model.graph.node)
         report = FusionReport(
@@ -156,18 +178,49 @@ def fuse(
             sum(counts[op] for op in ATTENTION_OPS),
             counts["Softmax"],
             fused=False,
+            unfused_reason=reason,
         )
+        return optimized, report
+
+    if plan.kind == "none":
+        log.warning("shipping an UNFUSED graph: %s", plan.reason)
+        optimized, report = unfused(plan.reason or "no fused kernel")
+    elif plan.kind == "emit":
+        optimized = optimize(onnx.load(str(raw)))
+        report = check_emitted(optimized.model, cfg)
+    else:
+        try:
+            model = onnx.load(str(raw))
+            bias = detach_attention_bias(model) if cfg.relative_attention_buckets > 0 else None
+            optimized = optimize(model)
+            if bias is not None:
+                attach_attention_bias(optimized.model, bias)
+            report = check_fusion(optimized.model, cfg.n_layers)
+        except FusionError as exc:
+            if not allow_unfused:
+                raise
+            log.warning("shipping an UNFUSED graph (allowed by flag): %s", exc)
+            optimized, report = unfused(f"allowed by --allow-unfused: {exc}")
     optimized.save_model_to_file(str(out))
-    log.info("fused %s: %s", out.name, report.op_counts)
+    log.info("%s %s: %s", cfg.architecture, out.name, report.describe())
     return report
 
 
 def to_fp16(fused: Path, out: Path) -> dict[str, int]:
-    """Half-precision weights and compute for the GPU; float32 inputs and outputs stay."""
+    """Half-precision weights and compute for the GPU; float32 inputs and outputs stay.
+
+    Gemm stays float32 (2-D products only: classification heads, DeBERTa's projections of its
+    relative-position table): ONNX Runtime 1.32's CPU session, at full optimisation, crashes
+    (SIGSEGV) on a float16 Gemm of constants it cannot fold, and export runs the fp16 graph on
+    the CPU for its parity gate.
+    """
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     model = OnnxModel(onnx.load(str(fused)))
-    model.convert_float_to_float16(keep_io_types=True)
+    model.convert_float_to_float16(
+        keep_io_types=True, op_block_list=[*DEFAULT_OP_BLOCK_LIST, "Gemm"]
+    )
     model.save_model_to_file(str(out))
     return op_counts(model.model)
 

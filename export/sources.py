@@ -3,11 +3,14 @@
 A Hub id is fetched with huggingface_hub, which honours HF_HOME (the cache), HF_HUB_OFFLINE
 (use the cache only) and HF_TOKEN (private and gated repositories) as the rest of the
 ecosystem does. Only the files the export reads are fetched: config, weights (safetensors,
-else pytorch_model.bin), tokenizer, and sentence-transformers' module configs.
+else pytorch_model.bin), tokenizer, and sentence-transformers' module configs, then what the
+pipeline in modules.json names: each Pooling's config, each Dense module's config and weights
+(EmbeddingGemma: 2_Dense/ and 3_Dense/).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -80,14 +83,30 @@ def fetch(repo_id: str, revision: str | None) -> Path:
 
     at = f"{repo_id}@{revision or 'main'}"
     offline = bool(constants.HF_HUB_OFFLINE)
+
+    def weights(folder: Path, prefix: str = "") -> None:
+        """pytorch_model.bin where the snapshot has no model.safetensors (online only)."""
+        if offline or (folder / prefix / WEIGHTS[0]).exists():
+            return
+        try:
+            hf_hub_download(repo_id, prefix + WEIGHTS[1], revision=folder.name)
+        except EntryNotFoundError as exc:
+            names = " nor ".join(prefix + w for w in WEIGHTS)
+            raise SourceError(f"{at} has neither {names}") from exc
+
     try:
         folder = Path(
             snapshot_download(
                 repo_id, revision=revision, allow_patterns=[*SMALL_FILES, "model.safetensors"]
             )
         )
-        if not offline and not (folder / WEIGHTS[0]).exists():
-            hf_hub_download(repo_id, WEIGHTS[1], revision=folder.name)
+        weights(folder)
+        patterns = module_patterns(folder)
+        if patterns:  # the same commit, whatever `revision` names
+            snapshot_download(repo_id, revision=folder.name, allow_patterns=patterns)
+            for kind, sub in st_modules(folder):
+                if kind == "Dense":
+                    weights(folder, f"{sub}/")
     except GatedRepoError as exc:
         raise SourceError(f"{at}: gated repository; set HF_TOKEN to a token with access") from exc
     except RepositoryNotFoundError as exc:
@@ -105,15 +124,48 @@ def fetch(repo_id: str, revision: str | None) -> Path:
             f"{what} is not in the Hugging Face cache {constants.HF_HUB_CACHE}"
             + (" and HF_HUB_OFFLINE is set" if offline else " and the Hub cannot be reached")
         ) from exc
-    except EntryNotFoundError as exc:
-        raise SourceError(f"{at} has neither {' nor '.join(WEIGHTS)}") from exc
-    for file in ("config.json", "tokenizer.json"):
-        if not (folder / file).exists():
-            raise SourceError(f"{at} (commit {folder.name}) has no {file}")
-    if not any((folder / w).exists() for w in WEIGHTS):
+    where = f"{at} (commit {folder.name})"
+    cached = " in the cache (HF_HUB_OFFLINE is set)" if offline else ""
+    if not (folder / "config.json").exists():
+        raise SourceError(f"{where} has no config.json")
+    if not (folder / "tokenizer.json").exists():
         raise SourceError(
-            f"{at} (commit {folder.name}) has neither {' nor '.join(WEIGHTS)}"
-            + (" in the cache (HF_HUB_OFFLINE is set)" if offline else "")
+            f"{where} has no tokenizer.json{cached}: headwise serves the `tokenizers` JSON file; "
+            "for a repository with only a SentencePiece model (spm.model, tokenizer.model) save "
+            "one with transformers' AutoTokenizer.from_pretrained(...).save_pretrained(DIR) "
+            "and export DIR"
         )
+    modules = st_modules(folder)
+    for _, sub in modules:
+        if not (folder / sub / "config.json").exists():
+            raise SourceError(f"{where} has no {sub}/config.json{cached}, which modules.json names")
+    for sub in ["", *(sub for kind, sub in modules if kind == "Dense")]:
+        if not any((folder / sub / w).exists() for w in WEIGHTS):
+            names = " nor ".join(f"{sub}/{w}" if sub else w for w in WEIGHTS)
+            raise SourceError(f"{where} has neither {names}{cached}")
     log.info("fetched %s: commit %s", at, folder.name)
     return folder
+
+
+def st_modules(folder: Path) -> list[tuple[str, str]]:
+    """(type, folder) of each sentence-transformers module in modules.json whose folder the
+    export reads: a Pooling's config, a Dense module's config and weights."""
+    path = folder / "modules.json"
+    if not path.exists():
+        return []
+    try:
+        entries = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{path} is not valid JSON: {exc}") from exc
+    modules = [(e.get("type", "").rsplit(".", 1)[-1], e.get("path", "")) for e in entries]
+    return [(kind, sub) for kind, sub in modules if sub and kind in ("Pooling", "Dense")]
+
+
+def module_patterns(folder: Path) -> list[str]:
+    """The files of modules.json's Pooling and Dense modules, relative to the snapshot."""
+    files = []
+    for kind, sub in st_modules(folder):
+        files.append(f"{sub}/config.json")
+        if kind == "Dense":
+            files.append(f"{sub}/{WEIGHTS[0]}")
+    return files

@@ -86,6 +86,15 @@ def torch_reference(
     return out.numpy(), torch.stack(attentions).numpy()
 
 
+def attention_diff(got: np.ndarray, want: np.ndarray, mask: np.ndarray) -> float:
+    """Max |got - want| of attention maps (L, B, h, N, N) over the rows whose query is a real
+    token. A padding query's row is defined by nothing: in a local layer all of its window may
+    be padding, each key then at the mask value (-10000), where float32 keeps only ~1e-3 of
+    the score, so two correct graphs differ there (transformers gives such rows its own values)."""
+    real = mask.astype(bool)[None, :, None, :, None]  # (1, B, 1, N_q, 1)
+    return float(np.abs(np.where(real, got - want, 0.0)).max())
+
+
 def compare(reference: str, got: np.ndarray, want: np.ndarray) -> Parity:
     cos = cosines(got, want)
     return Parity(

@@ -19,12 +19,19 @@ Masks are additive: 0 where a key may be attended, MASK_VALUE where it may not. 
 MASK_VALUE (not -inf) keeps a row whose keys are all masked finite: it becomes uniform
 instead of NaN. The explicit path is also the graph shape that ONNX Runtime's BERT optimizer
 fuses into one Attention node.
+
+Fused kernels: a module may be handed `kernels` (export does, for the serving graph of the
+families ONNX Runtime's pattern matcher cannot fuse: export/fused.py). Then, when no weights are
+asked for, rotary and softmax(scores + bias)·V are theirs: the padding mask goes in raw, and
+every other additive term (window, causal, DeBERTa's terms, MPNet's bias) as one score bias in
+the scores' own scale. The explicit path stays the reference, and the source of attention maps.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +55,28 @@ def causal_mask(n_q: int, n_k: int, device: torch.device, dtype: torch.dtype) ->
     offset = n_k - n_q
     allowed = torch.ones(n_q, n_k, device=device, dtype=torch.bool).tril(diagonal=offset)
     return (~allowed).to(dtype)[None, None] * MASK_VALUE  # (1, 1, N_q, N_k)
+
+
+class FusedKernels(Protocol):
+    """Another implementation of rotary and of the attention core, for graphs without weights."""
+
+    def rotate(self, x: Tensor, cos: Tensor, sin: Tensor, heads: int) -> Tensor:
+        """apply_rotary's result: x (B, heads, N, d_k), cos/sin (N, r)."""
+        ...
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+        bias: Tensor | None,
+        scale: float,
+    ) -> Tensor:
+        """softmax(q·kᵀ·scale + padding + bias)·v with heads merged: q (B, h, N_q, d_k), k and
+        v (B, h_kv, N_k, d_k), key_padding_mask (B, N_k) 1 = real, bias (1|B, 1|h, N_q, N_k)
+        -> (B, N_q, h·d_k)."""
+        ...
 
 
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
@@ -100,6 +129,7 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = qk_norm(self.d_k) if qk_norm else None
         self.k_norm = qk_norm(self.d_k) if qk_norm else None
         self.relative = relative  # DisentangledScores, or None
+        self.kernels: FusedKernels | None = None  # set by export for its serving graph only
 
     def _split_heads(self, x: Tensor, heads: int) -> Tensor:
         b, n, _ = x.shape
@@ -110,6 +140,33 @@ class MultiHeadAttention(nn.Module):
         b, _, n, _ = x.shape
         # (B, h, N, d_k) -> (B, N, h, d_k) -> (B, N, h·d_k)
         return x.permute(0, 2, 1, 3).reshape(b, n, self.n_heads * self.d_k)
+
+    def _attend_fused(
+        self,
+        fused: FusedKernels,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+        causal: bool,
+        window: Tensor | None,
+        extra: Tensor | None,
+        bias: Tensor | None,
+    ) -> Tensor:
+        """The kernels' attention: the padding mask raw, every other additive term in one score
+        bias, in the scores' own scale (DeBERTa's terms are scaled with q·kᵀ)."""
+        if self.softcap:
+            raise ValueError("attention soft-capping has no fused kernel: use the explicit path")
+        scale = 1.0 / math.sqrt(self.scale_dim)
+        terms = [
+            window,  # (1, 1, N_q, N_k)
+            causal_mask(q.shape[2], k.shape[2], q.device, q.dtype) if causal else None,
+            None if extra is None else extra * scale,  # (B, h, N_q, N_k)
+            bias,  # (1, h, N_q, N_k)
+        ]
+        present = [t for t in terms if t is not None]
+        score_bias = sum(present[1:], present[0]) if present else None
+        return fused.attend(q, k, v, key_padding_mask, score_bias, scale)  # (B, N_q, h·d_k)
 
     def forward(
         self,
@@ -136,13 +193,25 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
+        fused = None if need_weights else self.kernels
         q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, h, N_q, d_k)
         k = self._split_heads(self.k_proj(key), self.n_kv_heads)  # (B, h_kv, N_k, d_k)
         v = self._split_heads(self.v_proj(value), self.n_kv_heads)  # (B, h_kv, N_k, d_k)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # RMS over each head's d_k channels
-        if rotary is not None:
+        if rotary is not None and fused is not None:
+            q, k = fused.rotate(q, *rotary, self.n_heads), fused.rotate(k, *rotary, self.n_kv_heads)
+        elif rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+
+        extra = None  # disentangled terms, unscaled: (B, h, N_q, N_k)
+        if self.relative is not None and relative is not None:
+            extra = self.relative(q, k, *relative, self.q_proj, self.k_proj)
+        if fused is not None:
+            context = self._attend_fused(
+                fused, q, k, v, key_padding_mask, causal, window, extra, bias
+            )
+            return self.out_proj(context), None  # (B, N_q, d)
 
         mask = None
         if key_padding_mask is not None:
@@ -152,9 +221,6 @@ class MultiHeadAttention(nn.Module):
             mask = c if mask is None else mask + c
         if window is not None:
             mask = window if mask is None else mask + window  # (B, 1, N_q, N_k)
-        extra = None  # disentangled terms, unscaled: (B, h, N_q, N_k)
-        if self.relative is not None and relative is not None:
-            extra = self.relative(q, k, *relative, self.q_proj, self.k_proj)
 
         p_drop = self.dropout if self.training else 0.0
         if self.impl == "sdpa" and not need_weights:

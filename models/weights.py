@@ -136,19 +136,36 @@ def _task(hf: dict[str, Any], requested: Task | None, n_labels: int) -> Task:
     return requested
 
 
-def _max_length(folder: Path, config: EncoderConfig, *candidates: int | None) -> int:
-    """The first length given (flag, sentence-transformers), else what the model allows."""
-    length = next((c for c in candidates if c), None)
-    if length is None:
-        length = config.max_length
-        tok_cfg = folder / "tokenizer_config.json"
-        if tok_cfg.exists():  # as sentence-transformers: min(positions, model_max_length)
-            limit = json.loads(tok_cfg.read_text()).get("model_max_length")
-            if isinstance(limit, int) and 0 < limit < length:
-                length = limit
-    if length > config.max_length:
-        raise ValueError(f"max_length {length} exceeds the model's {config.max_length} positions")
-    return length
+def _max_length(
+    folder: Path, config: EncoderConfig, requested: int | None, st_length: int | None
+) -> int:
+    """--max-length when given (refused past the positions), else the least of what the model's
+    positions, its tokenizer (model_max_length) and sentence-transformers (max_seq_length) allow."""
+    if requested:
+        if requested > config.max_length:
+            raise ValueError(
+                f"max_length {requested} exceeds the model's {config.max_length} positions"
+            )
+        return requested
+    limits = {"positions": config.max_length}
+    tok_cfg = folder / "tokenizer_config.json"
+    if tok_cfg.exists():
+        limit = json.loads(tok_cfg.read_text()).get("model_max_length")
+        if isinstance(limit, int) and limit > 0:  # 1e30 in many files: "no limit"
+            limits["tokenizer model_max_length"] = limit
+    if st_length:
+        limits["sentence-transformers max_seq_length"] = st_length
+    which = min(limits, key=limits.get)
+    if st_length and st_length > config.max_length:
+        log.warning(
+            "sentence-transformers max_seq_length %d exceeds the model's %d positions: using %d",
+            st_length,
+            config.max_length,
+            limits[which],
+        )
+    elif which != "positions":
+        log.info("max length %d: the %s", limits[which], which)
+    return limits[which]
 
 
 def load_pretrained(

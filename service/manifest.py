@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 Task = Literal["embed", "rerank", "classify"]
 Pooling = Literal["mean", "cls", "lasttoken"]
@@ -75,8 +75,10 @@ class GraphEntry(FileEntry):
     precision: Precision
     op_counts: dict[str, int]
     parity: Parity
-    # False only for a graph exported with an explicit flag that allows unfused attention.
+    # False for a graph whose attention ONNX Runtime cannot fuse (the reason says which op is
+    # missing and why), or that an explicit flag let ship unfused.
     fused: bool = True
+    unfused_reason: str | None = None
     kept_fp32: list[str] = Field(default_factory=list)  # int8: nodes left in float32
     quantised: int | None = None  # int8: how many of the graph's MatMul/Attention nodes are int8
     quality: RetrievalQuality | None = None  # int8 of an embedding model: what its gate measured
@@ -105,6 +107,7 @@ class Manifest(Frozen):
     num_layers: int
     num_heads: int
     d_model: int
+    head_dim: int | None = None  # a head's size; None: d_model // num_heads (Gemma's differs)
     d_ff: int
     vocab_size: int
     max_length: int
@@ -113,7 +116,8 @@ class Manifest(Frozen):
     # `normalize` is the default of /encode's `normalize` when a request leaves it out.
     pooling: Pooling = "mean"
     normalize: bool = False
-    output_dim: int | None = None  # the graph's output width when it differs from d_model
+    # The graph's output width when it is not d_model: the labels, or the last Dense module's.
+    output_dim: int | None = None
     # sentence-transformers' prompts: name -> text prepended to the input.
     prompts: dict[str, str] = Field(default_factory=dict)
     default_prompt_name: str | None = None

@@ -144,3 +144,60 @@ def test_default_model_exports_from_its_hub_id_through_an_offline_cache(tmp_path
     assert manifest.name == "sentence-transformers/all-MiniLM-L6-v2"
     assert (manifest.pooling, manifest.normalize, manifest.max_length) == ("mean", True, 256)
     assert manifest.graphs["encoder"].op_counts["Attention"] == 6
+
+
+# An EmbeddingGemma-shaped repository: its two Dense modules (config and weights) and prompts.
+GEMMA_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "modules.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+    "2_Dense/config.json",
+    "2_Dense/model.safetensors",
+    "3_Dense/config.json",
+    "3_Dense/model.safetensors",
+)
+
+
+@pytest.fixture
+def gemma_dir(tmp_path) -> Path:
+    from tests.export.test_new_families import FAMILIES
+
+    FAMILIES["gemma3"].save(tmp_path / "embeddinggemma")
+    return tmp_path / "embeddinggemma"
+
+
+def test_a_hub_snapshot_brings_the_dense_modules_and_prompts_it_exports_with(
+    offline_hub, gemma_dir, tmp_path
+):
+    from export.cli import main as export_cli
+    from service.manifest import Manifest
+    from tests.export.test_new_families import GEMMA_PROMPTS
+
+    populate_hub_cache(offline_hub, "google/tiny-embeddinggemma", gemma_dir, files=GEMMA_FILES)
+    out = tmp_path / "bundle"
+    assert export_cli(["--model", "google/tiny-embeddinggemma", "--out", str(out)]) == 0
+    manifest = Manifest.model_validate_json((out / "manifest.json").read_text())
+    assert manifest.source.model_dump() == {
+        "kind": "hub",
+        "id": "google/tiny-embeddinggemma",
+        "revision": COMMIT,
+    }
+    assert (manifest.architecture, manifest.dimensions, manifest.normalize) == ("gemma3", 32, True)
+    assert manifest.prompts == GEMMA_PROMPTS
+    assert manifest.graphs["encoder"].op_counts["MultiHeadAttention"] == 4
+
+
+def test_a_dense_module_missing_from_the_snapshot_is_named(offline_hub, gemma_dir):
+    files = [f for f in GEMMA_FILES if f != "3_Dense/model.safetensors"]
+    populate_hub_cache(offline_hub, "google/no-dense", gemma_dir, files=files)
+    with pytest.raises(
+        SourceError,
+        match="neither 3_Dense/model.safetensors nor 3_Dense/pytorch_model.bin in the cache",
+    ):
+        resolve("google/no-dense")
+    populate_hub_cache(offline_hub, "google/no-dense-config", gemma_dir, files=GEMMA_FILES[:6])
+    with pytest.raises(SourceError, match="has no 2_Dense/config.json"):
+        resolve("google/no-dense-config")

@@ -68,9 +68,11 @@ class ModelSpec:
 Loader = Callable[[ModelSpec, Settings], Backend]
 
 
-def batch_policy(s: Settings, inline: bool = False) -> BatchPolicy:
-    """inline: the backend's runs may run on the event loop (Backend.inline)."""
+def batch_policy(s: Settings, inline: bool = False, d_model: int = 0) -> BatchPolicy:
+    """inline: the backend's runs may run on the event loop (Backend.inline); d_model: the
+    model's width, which sets where attention's n² cost overtakes the rest (0: linear)."""
     return BatchPolicy(
+        quadratic_at=6 * d_model,
         max_batch_tokens=s.max_batch_tokens,
         max_batch_s=s.max_batch_s,
         max_batch_size=s.max_batch_size,
@@ -128,17 +130,29 @@ def build_model(
     admission = admission or Admission(settings.request_timeout_s, settings.max_padding_ratio)
     model = Model(name, backend, manifest.created or int(time.time()), admission)
 
-    def intake(infer: Infer, path: str) -> Intake:
+    def batcher(infer: Infer, path: str, lane: bool = False) -> DynamicBatcher:
+        policy = batch_policy(settings, backend.inline and not lane, manifest.d_model)
+        if lane:  # one long sequence at a time: it is seconds of work
+            policy.max_batch_size = 1
         b = DynamicBatcher(
             infer,
-            batch_policy(settings, backend.inline),
+            policy,
             metrics.observer(path, name),
             f"{path}-{name}",
             manifest.special_tokens.pad,
+            nice=19 if lane else 0,
         )
         model.batchers.append(b)
         admission.batchers.append(b)
-        return Intake(b, admission, metrics, path, name)
+        return b
+
+    def intake(infer: Infer, path: str, long_infer: Infer | None = None) -> Intake:
+        long = None
+        if backend.long_tokens and long_infer is not None:
+            long = batcher(long_infer, f"{path}_long", lane=True)
+        return Intake(
+            batcher(infer, path), admission, metrics, path, name, long, backend.long_tokens
+        )
 
     if manifest.task == "embed":
         tokens = None
@@ -150,9 +164,11 @@ def build_model(
                 return out
 
             tokens = intake(run_tokens, "embed_all")
-        model.embed = EmbedPipeline(backend, intake(backend.run, "encode"), settings, tokens)
+        encode = intake(backend.run, "encode", backend.run_long)
+        model.embed = EmbedPipeline(backend, encode, settings, tokens)
     else:  # rerank, classify: the same batching, one sequence (a pair) each
-        model.score = ScorePipeline(backend, intake(backend.run, manifest.task), settings)
+        pairs = intake(backend.run, manifest.task, backend.run_long)
+        model.score = ScorePipeline(backend, pairs, settings)
     if settings.attention_enabled and "attention" in manifest.graphs:
         # Its own admission: its batcher is paced and bounded by its own budget, apart.
         own = Admission(settings.request_timeout_s, 1.0)

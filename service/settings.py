@@ -61,6 +61,13 @@ class Settings(BaseSettings):
         "so no answer waits long past its deadline behind the batch running (0: no bound)",
     )
     max_batch_size: int = Field(64, ge=1, description="texts per batch")
+    long_tokens: int = Field(
+        1024,
+        ge=0,
+        description="sequences longer than this run in the long lane: their own ONNX Runtime "
+        "session (one thread, lowest CPU priority), so a long input cannot hold short ones back; "
+        "only for models whose inputs can be longer; 0 = off",
+    )
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch may wait to fill up")
     max_padding_ratio: float = Field(
         0.1, ge=0, le=1, description="stop growing a batch when padding would exceed this share"

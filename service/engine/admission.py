@@ -26,7 +26,7 @@ class Throughput:
         self._tokens = 0.0
         self._seconds = 0.0
 
-    def observe(self, padded_tokens: int, seconds: float) -> None:
+    def observe(self, padded_tokens: float, seconds: float) -> None:
         self._tokens = self._tokens * self.decay + padded_tokens
         self._seconds = self._seconds * self.decay + seconds
 
@@ -45,12 +45,8 @@ class Backlogged(Protocol):
     throughput: Throughput
 
     def backlog_s(self) -> float: ...
+    def cost(self, lengths: Sequence[int], padding_ratio: float = 0.0) -> float: ...
     def rejected(self, reason: str) -> None: ...
-
-
-def padded(lengths: Sequence[int], padding_ratio: float) -> float:
-    """The tokens these texts will cost in batches whose padding stays under the ratio."""
-    return sum(lengths) / (1 - min(padding_ratio, 0.5))
 
 
 class Admission:
@@ -79,7 +75,7 @@ class Admission:
         (remaining_s from now)."""
         rate = batcher.throughput
         tokens_per_s = rate.tokens_per_s
-        own = padded(lengths, self.padding_ratio) / tokens_per_s
+        own = batcher.cost(lengths, self.padding_ratio) / tokens_per_s
         source = "measured" if rate.measured else "assumes (HEADWISE_CAPACITY_TOKENS_PER_S)"
         if own > self.timeout_s:
             fit = max(1, math.floor(len(lengths) * self.timeout_s / own * 0.8))

@@ -42,12 +42,29 @@ class BatchPolicy:
     window: int = 8  # look at this many batches' worth of the oldest texts when grouping
     assumed_tokens_per_s: float = 2000.0  # until batches are measured (admission)
     inline_max_tokens: int = 0  # padded tokens of a batch that may run on the loop when idle
+    # Attention costs n² where everything else costs n: a token of an n-long sequence costs
+    # (1 + n / quadratic_at) tokens of work, quadratic_at = 6 d_model (where the n x d score and
+    # weighted-sum products equal the 24 d² of the projections and FFN). 0: linear.
+    quadratic_at: int = 0
+
+    def work(self, rows: int, n: int) -> float:
+        """The work of `rows` sequences of (padded) length n, in tokens of a short text."""
+        scale = 1.0 + n / self.quadratic_at if self.quadratic_at else 1.0
+        return rows * n * scale
 
 
-def select_batch(queue: Sequence[Item], policy: BatchPolicy, budget: int | None = None) -> list[Item]:
-    """The oldest item plus its nearest-length neighbours, within the token budget (default the
-    policy's) and the padding bounds. The oldest item always goes, whatever its size."""
-    budget = policy.max_batch_tokens if budget is None else budget
+def select_batch(
+    queue: Sequence[Item], policy: BatchPolicy, max_work: float | None = None
+) -> list[Item]:
+    """The oldest item plus its nearest-length neighbours, within the token budget, at most
+    `max_work` of work (policy.work) and the padding bounds. The oldest item always goes,
+    whatever its size."""
+
+    def fits(count: int, longest: int) -> bool:
+        if longest * count > policy.max_batch_tokens:
+            return False
+        return max_work is None or policy.work(count, longest) <= max_work
+
     window = list(queue[: policy.max_batch_size * policy.window])
     anchor = window[0]
     ordered = sorted(window, key=lambda it: it.length)
@@ -65,7 +82,7 @@ def select_batch(queue: Sequence[Item], policy: BatchPolicy, budget: int | None 
                 padded = new_longest * count
                 extra = padded - padded_now - length
                 options.append((1 - (real + length) / padded, extra, side, new_longest))
-        options = [o for o in options if o[3] * count <= budget]
+        options = [o for o in options if fits(count, o[3])]
         if not options:
             break
         padding, extra, side, new_longest = min(options, key=lambda o: (o[1], o[0]))

@@ -18,7 +18,10 @@ is refused at once (429), so nothing waits forever.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +46,14 @@ class BatchObserver(Protocol):
     def capacity(self, tokens_per_s: float) -> None: ...
 
 
+def _lower_priority(nice: int) -> None:
+    """This thread's CPU priority (Linux: a thread is a schedulable entity of its own)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (OSError, AttributeError):
+        log.warning("could not lower the long lane's CPU priority")
+
+
 class DynamicBatcher:
     def __init__(
         self,
@@ -51,7 +62,9 @@ class DynamicBatcher:
         observer: BatchObserver | None = None,
         name: str = "encoder",
         pad_id: int = 0,
+        nice: int = 0,
     ) -> None:
+        """nice: the CPU priority of its inference thread (19: the lowest; the long lane)."""
         self._infer = infer
         self.policy = policy
         self._observer = observer
@@ -59,7 +72,11 @@ class DynamicBatcher:
         self._pad_id = pad_id
         self._queue: list[Item] = []
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix=f"infer-{name}",
+            initializer=functools.partial(_lower_priority, nice) if nice else None,
+        )
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._prune_scheduled = False
@@ -67,7 +84,7 @@ class DynamicBatcher:
         self.batches = 0
         self.submitted = 0  # texts ever queued
         self.throughput = Throughput(policy.assumed_tokens_per_s)
-        self._running_tokens = 0  # padded tokens of the batch being computed
+        self._running_work = 0.0  # work of the batch being computed (policy.work)
         self._running_since = 0.0
 
     @property
@@ -78,23 +95,28 @@ class DynamicBatcher:
     def queued_tokens(self) -> int:
         return sum(it.length for it in self._queue)
 
+    def queued_work(self) -> float:
+        return sum(self.policy.work(1, it.length) for it in self._queue)
+
+    def cost(self, lengths: Sequence[int], padding_ratio: float = 0.0) -> float:
+        """The work these texts will cost (policy.work), in batches padded up to the ratio."""
+        return sum(self.policy.work(1, n) for n in lengths) / (1 - min(padding_ratio, 0.5))
+
     def backlog_s(self) -> float:
         """Seconds of work ahead of a new text: the queue, and what is left of the running batch
         (at the measured throughput)."""
         rate = self.throughput.tokens_per_s
-        queued = self.queued_tokens / rate
-        if not self._running_tokens:
+        queued = self.queued_work() / rate
+        if not self._running_work:
             return queued
-        running = self._running_tokens / rate - (time.monotonic() - self._running_since)
+        running = self._running_work / rate - (time.monotonic() - self._running_since)
         return queued + max(0.0, running)
 
-    def token_budget(self) -> int:
-        """Padded tokens a batch may hold: the policy's, and no more than max_batch_s of work
-        at the measured throughput."""
-        budget = self.policy.max_batch_tokens
-        if self.policy.max_batch_s > 0:
-            budget = min(budget, int(self.throughput.tokens_per_s * self.policy.max_batch_s))
-        return max(1, budget)
+    def max_work(self) -> float | None:
+        """The work a batch may hold: max_batch_s of it at the measured throughput."""
+        if self.policy.max_batch_s <= 0:
+            return None
+        return self.throughput.tokens_per_s * self.policy.max_batch_s
 
     def rejected(self, reason: str) -> None:
         if self._observer:
@@ -159,7 +181,10 @@ class DynamicBatcher:
         q = self._queue
         if not q or len(q) >= self.policy.max_batch_size:
             return True
-        return max(it.length for it in q) * len(q) >= self.token_budget()
+        longest = max(it.length for it in q)
+        limit = self.max_work()
+        full_work = limit is not None and self.policy.work(len(q), longest) >= limit
+        return longest * len(q) >= self.policy.max_batch_tokens or full_work
 
     async def _fill(self) -> None:
         """Wait for a fuller batch, but only while texts are on their way and max_wait allows."""
@@ -208,7 +233,7 @@ class DynamicBatcher:
                 self._prune()
                 if not self._queue:
                     continue
-                batch = select_batch(self._queue, self.policy, self.token_budget())
+                batch = select_batch(self._queue, self.policy, self.max_work())
                 chosen = set(map(id, batch))
                 self._queue = [it for it in self._queue if id(it) not in chosen]
                 self._report_depth()
@@ -235,14 +260,16 @@ class DynamicBatcher:
             started = time.monotonic()
             for it in batch:
                 it.started = started
-            self._running_tokens, self._running_since = padded.input_ids.size, started
+            rows, n = padded.input_ids.shape
+            work = self.policy.work(rows, n)
+            self._running_work, self._running_since = work, started
             try:
                 if self._inline(padded):
                     out = self._infer(padded)
                 else:  # under load the loop keeps answering (health, refusals) while this runs
                     out = await loop.run_in_executor(self._executor, self._infer, padded)
             finally:
-                self._running_tokens = 0
+                self._running_work = 0.0
             seconds = time.monotonic() - started
             if len(out) != len(batch):
                 raise RuntimeError(f"backend returned {len(out)} rows for {len(batch)} texts")
@@ -253,7 +280,7 @@ class DynamicBatcher:
                     it.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
             return
         self.batches += 1
-        self.throughput.observe(padded.input_ids.size, seconds)
+        self.throughput.observe(work, seconds)
         if self._observer:
             real = sum(it.length for it in batch)
             self._observer.batch(len(batch), padded.input_ids.size, real, seconds)

@@ -48,6 +48,8 @@ class Backend(Protocol):
     manifest: Manifest
     info: RuntimeInfo
     token_output: bool  # the serving graph also outputs token_embeddings (B, N, d)
+    # Sequences longer than this run in their own session (run_long); 0: no long lane.
+    long_tokens: int
     # Its runs are bounded CPU work, so a small one may run on the event loop when the server
     # is otherwise idle (the batcher's inline runs). False on a GPU: a run waits on the device.
     inline: bool
@@ -61,6 +63,7 @@ class Backend(Protocol):
     def run(self, batch: Batch) -> np.ndarray: ...
     def run_tokens(self, batch: Batch) -> np.ndarray | None: ...
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]: ...
+    def run_long(self, batch: Batch) -> np.ndarray: ...
     def warmup(self) -> None: ...
 
 
@@ -132,6 +135,16 @@ class OnnxBackend:
                 )
         self.info = RuntimeInfo(used, graph, self.manifest.graphs[graph].precision)
         self.inline = self.info.device == "cpu"
+        # The long lane: one thread, no spinning, run at the lowest CPU priority by its batcher,
+        # so that one long input cannot hold short ones back for seconds (a second copy of the
+        # graph's weights; only for models whose inputs can be long). On a GPU runs are queued
+        # on the device anyway: no second session.
+        self.long_tokens = 0
+        self.long_session = None
+        lane = settings.long_tokens
+        if lane and self.manifest.max_length > lane and self.info.device == "cpu":
+            self.long_tokens = lane
+            self.long_session = build_session(bundle.graph_path(graph), used, 1, False, arena)
         self.attention_session = None
         if settings.attention_enabled and bundle.has_graph("attention"):
             # Attention maps are fp32 on purpose: they are for looking at, not for speed.
@@ -168,6 +181,12 @@ class OnnxBackend:
 
     def run(self, batch: Batch) -> np.ndarray:
         (out,) = self.session.run(self._primary, batch.feeds(self._feeds), self._run_opts)
+        return np.asarray(out)
+
+    def run_long(self, batch: Batch) -> np.ndarray:
+        """As run, in the long lane's own session."""
+        session = self.long_session or self.session
+        (out,) = session.run(self._primary, batch.feeds(self._feeds), self._run_opts)
         return np.asarray(out)
 
     def run_tokens(self, batch: Batch) -> np.ndarray | None:

@@ -56,6 +56,9 @@ Hold = Callable[[Prepared], AbstractAsyncContextManager[None]]
 
 
 class Intake:
+    """long: a second batcher (the long lane) for sequences longer than `long_tokens`; a
+    request's sequences go each to its lane and come back in order."""
+
     def __init__(
         self,
         batcher: DynamicBatcher,
@@ -63,8 +66,12 @@ class Intake:
         metrics: Metrics,
         path: str,
         model: str,
+        long: DynamicBatcher | None = None,
+        long_tokens: int = 0,
     ) -> None:
         self.batcher = batcher
+        self.long = long if long_tokens else None
+        self.long_tokens = long_tokens
         self.admission = admission
         labels = (path, model)
         self._tokenization = metrics.tokenization_duration.labels(*labels)
@@ -72,14 +79,50 @@ class Intake:
         self._truncated = metrics.truncated.labels(*labels)
         self._length = metrics.input_length.labels(*labels)
 
+    def lanes(self, lengths: Sequence[int]) -> list[tuple[DynamicBatcher, list[int]]]:
+        """Which batcher takes which sequences (by index): long ones to the long lane."""
+        if self.long is None:
+            return [(self.batcher, list(range(len(lengths))))]
+        short = [i for i, n in enumerate(lengths) if n <= self.long_tokens]
+        long = [i for i, n in enumerate(lengths) if n > self.long_tokens]
+        return [(b, idx) for b, idx in ((self.batcher, short), (self.long, long)) if idx]
+
     def admit(self, lengths: Sequence[int], call: Call) -> float:
         """Seconds of work promised (release once queued), or a refusal."""
+        promised = 0.0
         try:
-            return self.admission.admit(self.batcher, lengths, call.remaining())
+            for batcher, idx in self.lanes(lengths):
+                part = [lengths[i] for i in idx]
+                promised += self.admission.admit(batcher, part, call.remaining() - promised)
+            return promised
         except Overloaded:
+            self.admission.release(promised)
             if call.draining:  # it is the shutdown, not the load, that leaves too little time
                 raise call.expired() from None
             raise
+        except BaseException:
+            self.admission.release(promised)
+            raise
+
+    def _submit(self, prepared: Prepared, deadline: float) -> list[Item]:
+        """Every sequence queued in its lane (or none: 429), its item at its own index."""
+        seqs, types = prepared.sequences, prepared.types
+        lanes = self.lanes([len(x) for x in seqs])
+        if len(lanes) == 1:
+            return lanes[0][0].submit(seqs, deadline, types)
+        items: list[Item | None] = [None] * len(seqs)
+        queued: list[Item] = []
+        try:
+            for batcher, idx in lanes:
+                got = batcher.submit(_pick(seqs, idx) or [], deadline, _pick(types, idx))
+                queued += got
+                for i, it in zip(idx, got, strict=True):
+                    items[i] = it
+        except BaseException:
+            for it in queued:  # all or none: what the first lane took leaves it
+                it.future.cancel()
+            raise
+        return [it for it in items if it is not None]
 
     async def run(
         self,
@@ -111,8 +154,8 @@ class Intake:
             self._truncated.inc(prepared.truncated)
         try:
             async with hold(prepared) if hold is not None else contextlib.nullcontext():
-                items = self.batcher.submit(prepared.sequences, call.deadline, prepared.types)
-                self.admission.release(promised)  # queued: the batcher counts it now
+                items = self._submit(prepared, call.deadline)
+                self.admission.release(promised)  # queued: the batchers count it now
                 promised = 0.0
                 rows = await call.wait([it.future for it in items])
                 ran = Ran(rows, prepared, _timings(tokenization_s, items))
@@ -122,6 +165,10 @@ class Intake:
                 return await then(ran) if then is not None else ran
         finally:
             self.admission.release(promised)  # refused by the queue or the hold: withdrawn
+
+
+def _pick(values: Sequence[Any] | None, idx: list[int]) -> list[Any] | None:
+    return None if values is None else [values[i] for i in idx]
 
 
 def _timings(tokenization_s: float, items: Sequence[Item]) -> Timings:

@@ -45,8 +45,9 @@ def fake_manifest(name: str, d: int = 8, layers: int = 2, heads: int = 2, **fiel
         source=Source(kind="random", id="fake"),
         num_layers=layers,
         num_heads=heads,
-        d_model=d,
-        d_ff=2 * d,
+        d_model=384,  # a real model's width: attention's n² cost is weighed against it
+        d_ff=1536,
+        output_dim=d,  # the vectors (or logits) the fake returns
         vocab_size=len(SPECIALS) + len(WORDS),
         max_length=16,
         normalize=True,
@@ -72,6 +73,11 @@ class FakeBackend:
         self.fail_next = False
         self.token_output = True
         self.inline = False  # a test may hold a batch in the backend: never on the loop
+        self.long_tokens = 0  # a test sets it to have a long lane
+        self.long_seen: list[list[int]] = []
+        self.long_entered = threading.Event()
+        self.long_release = threading.Event()
+        self.long_release.set()
 
     def tokenize(
         self, texts: list[str], add_special_tokens: bool = True, direction: str = "right"
@@ -110,6 +116,13 @@ class FakeBackend:
     def run(self, batch: Batch) -> np.ndarray:
         self._hold(batch)
         return self.vectors(batch)
+
+    def run_long(self, batch: Batch) -> np.ndarray:
+        self.long_entered.set()
+        assert self.long_release.wait(20), "the test never released the long lane"
+        mask = batch.attention_mask.astype(bool)
+        self.long_seen.extend(row[m].tolist() for row, m in zip(batch.input_ids, mask, strict=True))
+        return self.run(batch)
 
     def run_tokens(self, batch: Batch) -> np.ndarray:
         """Token i's vector: a function of its id and position -> (B, N, dimensions)."""

@@ -25,6 +25,9 @@ class Stub:
     def backlog_s(self) -> float:
         return self.backlog
 
+    def cost(self, lengths, padding_ratio: float = 0.0) -> float:
+        return sum(lengths) / (1 - min(padding_ratio, 0.5))
+
     def rejected(self, reason: str) -> None:
         self.reasons.append(reason)
 

@@ -182,3 +182,16 @@ def test_hostile_runs_and_reports_every_goal(tiny_bundle, ranker_bundle, tmp_pat
     assert out["sockets"]["health_failed"] == 0 and out["sockets"]["encode_failed"] == 0
     assert out["deadlines"]["requests"] >= 2 and out["gone"]["full_request_cpu_s"] > 0
     assert "< 0.5x" in (tmp_path / "hostile.md").read_text()
+
+
+@pytest.mark.slow
+def test_families_runs_and_reports(tmp_path):
+    """bench.families on one family, one layer, few rounds: it must not rot."""
+    from bench import families
+
+    args = ["--layers", "1", "--rounds", "2", "--families", "bert", "--root", str(tmp_path / "b"),
+            "--out", str(tmp_path)]  # fmt: skip
+    assert families.main(args) == 0
+    out = json.loads((tmp_path / "families.json").read_text())
+    assert out["families"]["bert"]["docs_per_s_128"]["http"] > 0
+    assert "| bert | 128 |" in (tmp_path / "families.md").read_text()

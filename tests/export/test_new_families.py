@@ -397,3 +397,30 @@ def test_an_unsupported_family_is_refused_naming_it_and_the_supported_ones(tmp_p
         assert f"'{supported}'" in caplog.text
     assert not (tmp_path / "b").exists()
     shutil.rmtree(folder)
+
+
+def test_attention_on_modernbert_draws_the_band_of_its_local_layers(tmp_path):
+    """/attention on a ModernBERT bundle: a local layer's probabilities outside its window are
+    exactly 0, a global layer's are not."""
+    from tests.service.conftest import client_for
+
+    family = FAMILIES["modernbert"]
+    family.save(tmp_path / "model")
+    export(tmp_path / "model", tmp_path / "bundle")
+    every = test_modernbert.CONFIG["global_attn_every_n_layers"]
+    half = test_modernbert.CONFIG["local_attention"] // 2
+    (text,) = texts([22], seed=5)
+    with client_for(tmp_path / "bundle") as c:
+        r = c.post("/attention", json={"input": text, "encoding_format": "base64_f32"})
+    assert r.status_code == 200, r.text
+    from service.pipelines.attention.encoding import decode_maps
+
+    maps = decode_maps(r.json()["attentions"])  # (L, h, n, n)
+    n = maps.shape[-1]
+    far = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) > half
+    for layer, head_maps in enumerate(maps):
+        outside = head_maps[:, far]
+        if layer % every == 0:
+            assert outside.max() > 0, layer  # global: every key is seen
+        else:
+            assert (outside == 0).all(), layer  # local: exactly 0 outside the band

@@ -65,6 +65,7 @@ def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
         "graph": runtime.graph,
         "precision": runtime.precision,
         "fused": m.graphs[runtime.graph].fused,
+        "unfused_reason": m.graphs[runtime.graph].unfused_reason,
         "fused_ops": m.graphs[runtime.graph].op_counts,
         "graph_bytes": {key: g.bytes for key, g in m.graphs.items()},
         "tei": tei_info(model, settings),

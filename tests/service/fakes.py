@@ -88,6 +88,10 @@ class FakeBackend:
     def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]:
         return self.tokenizer.encode_batch(pairs)
 
+    def tokenize_whole(self, texts: list[str]) -> list[Encoding]:
+        self.tokenizer.no_truncation()
+        return self.tokenizer.encode_batch(texts)
+
     def count_tokens(self, text: str) -> int:
         return len(text.split()) + 2
 

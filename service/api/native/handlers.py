@@ -8,9 +8,15 @@ from importlib import resources
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 
 from service.api.context import Context
-from service.api.native.schemas import AttentionRequest, EncodeRequest, TokenizeDetailsRequest
+from service.api.native.schemas import (
+    AttentionRequest,
+    ChunkingOptions,
+    EncodeRequest,
+    TokenizeDetailsRequest,
+)
 from service.pipelines.base import as_list, check_texts
-from service.pipelines.embed import Tokenizing
+from service.pipelines.chunking import Chunker, Chunking
+from service.pipelines.embed import EmbedPipeline, Tokenizing
 
 # An answer larger than this goes out in pieces, each waiting for the socket, so that health
 # checks are answered in between (one large write would hold the event loop while it is copied).
@@ -23,6 +29,8 @@ async def encode(ctx: Context, body: EncodeRequest) -> Response:
     assert pipe is not None
     texts = pipe.validate(body.inputs, "inputs", body.dimensions)
     how = Tokenizing(truncate=body.truncate, prompt_name=body.prompt_name)
+    if body.chunking is not None or body.chunks is not None:
+        return await encode_chunks(ctx, body, model.name, pipe, [str(t) for t in texts], how)
     out = await pipe.embed(ctx.call, texts, how, body.normalize, body.dimensions)
     payload = {
         "embeddings": out.vectors,
@@ -81,3 +89,49 @@ async def _pieces(body: list[bytes]) -> AsyncIterator[bytes]:
 async def attention_view(ctx: Context, body: None = None) -> Response:
     page = resources.files("service").joinpath("static/attention.html").read_text(encoding="utf-8")
     return HTMLResponse(page)
+
+
+def per_input_spans(chunks: list[list[int]] | list[list[list[int]]]) -> list[list[tuple[int, int]]]:
+    """`chunks` as given (one input's spans, or a list of them per input) -> per input."""
+    lists = chunks if chunks and isinstance(chunks[0][0], list) else [chunks]
+    out: list[list[tuple[int, int]]] = []
+    for spans in lists:
+        pairs = []
+        for span in spans:
+            assert isinstance(span, list)
+            a, b = span
+            assert isinstance(a, int) and isinstance(b, int)
+            pairs.append((a, b))
+        out.append(pairs)
+    return out
+
+
+async def encode_chunks(
+    ctx: Context,
+    body: EncodeRequest,
+    model: str,
+    pipe: EmbedPipeline,
+    texts: list[str],
+    how: Tokenizing,
+) -> Response:
+    """/encode with chunking: per input, its chunks' vectors (and the document's, with pool)."""
+    options = body.chunking or ChunkingOptions()
+    spans = per_input_spans(body.chunks) if body.chunks is not None else None
+    chunking = Chunking(options.strategy, options.size, options.overlap, spans, options.pool)
+    chunker = Chunker(pipe)
+    chunker.check(chunking, len(texts))
+    normalize = True if body.normalize is None else body.normalize  # chunk vectors: normalised
+    out = await chunker.run(ctx.call, texts, chunking, how, normalize, body.dimensions)
+    dimensions = body.dimensions or pipe.dimensions
+    payload: dict[str, object] = {
+        "model": model,
+        "dimensions": dimensions,
+        "tokens": out.tokens,
+        "chunks": [
+            [{"start": c.start, "stop": c.stop, "embedding": v} for c, v in chunks]
+            for chunks in out.chunks
+        ],
+    }
+    if out.pooled is not None:
+        payload["embeddings"] = out.pooled
+    return ctx.respond(payload, out.timings)

@@ -9,6 +9,26 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt
 from service.api.fields import Dimensions, ModelName, Strict, Text, Texts
 
 
+class ChunkingOptions(Strict):
+    """How to cut each input into chunks, and how to embed them (README: Long documents)."""
+
+    strategy: Literal["late", "separate"] = Field(
+        "late",
+        description="late: the document runs once, each chunk the mean of its own tokens' "
+        "states (it sees its context); separate: each chunk's text on its own",
+    )
+    size: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="tokens a chunk; or give chunks (character spans) instead"
+    )
+    overlap: Annotated[StrictInt, Field(ge=0)] = Field(0, description="tokens two chunks share")
+    pool: StrictBool = Field(
+        False, description="also one vector for the whole document (token-weighted mean)"
+    )
+
+
+Span = Annotated[list[StrictInt], Field(min_length=2, max_length=2)]
+
+
 class EncodeRequest(Strict):
     inputs: Texts = Field(description="a text or a list of texts")
     model: ModelName = None
@@ -26,13 +46,32 @@ class EncodeRequest(Strict):
     prompt_name: Text | None = Field(
         None, description="one of the model's prompts (sentence-transformers); default: its own"
     )
+    chunking: ChunkingOptions | None = Field(
+        None, description="cut each input into chunks and embed them (no truncation then)"
+    )
+    chunks: list[Span] | list[list[Span]] | None = Field(
+        None,
+        description="the chunks as character spans [start, stop] of the input (a list per "
+        "input when there are several), snapped to token boundaries",
+    )
+
+
+class ChunkVector(BaseModel):
+    start: int
+    stop: int
+    embedding: list[float]
 
 
 class EncodeResponse(BaseModel):
-    embeddings: list[list[float]]
+    embeddings: list[list[float]] | None = Field(
+        None, description="per input (with chunking: only with pool, the document's vector)"
+    )
     model: str
     dimensions: int
     tokens: list[int] = Field(description="tokens per input, after truncation")
+    chunks: list[list[ChunkVector]] | None = Field(
+        None, description="with chunking: per input, its chunks in order"
+    )
 
 
 class TokenizeDetailsRequest(Strict):

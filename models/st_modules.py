@@ -5,6 +5,12 @@ modules.json lists the pipeline (Transformer -> Pooling [-> Dense …] -> Normal
 linear map: only the identity activation is reproduced, as EmbeddingGemma's 2_Dense and
 3_Dense); sentence_bert_config.json the max length; config_sentence_transformers.json the
 prompts. A pipeline with a module we do not reproduce is refused by name.
+
+Two pipelines end in something other than one pooled vector (models/outputs.py): a
+SparseEncoder's MLMTransformer -> SpladePooling (its config: max or sum, relu or log1p_relu),
+and PyLate's ColBERT, a Transformer -> Dense applied to every token (no Pooling before it), with
+its query/document markers, lengths, query expansion and skiplist in
+config_sentence_transformers.json.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+SUPPORTED_MODULES = (
+    "Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling"
+)
 IDENTITY = "torch.nn.modules.linear.Identity"
 # sentence-transformers' pooling_mode_* flags -> our pooling names.
 POOLING_FLAGS = {
@@ -49,6 +57,36 @@ class SentenceTransformersConfig:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     dense: tuple[DenseModule, ...] = ()  # after pooling, in pipeline order
+    splade: SpladeModule | None = None  # a SparseEncoder's SpladePooling
+    colbert: ColbertModule | None = None  # PyLate: a Dense on every token, and its config
+
+
+@dataclass(frozen=True)
+class SpladeModule:
+    """SpladePooling's config: how the MLM logits become one vocabulary-wide vector."""
+
+    pooling: str = "max"  # or "sum"
+    activation: str = "relu"  # or "log1p_relu"
+
+
+@dataclass(frozen=True)
+class ColbertModule:
+    """PyLate's ColBERT: the token-level Dense module, and config_sentence_transformers.json's
+    query/document keys (None: PyLate's default)."""
+
+    dense: DenseModule
+    settings: dict[str, object]
+
+
+COLBERT_KEYS = (
+    "query_prefix",
+    "document_prefix",
+    "query_length",
+    "document_length",
+    "do_query_expansion",
+    "attend_to_expansion_tokens",
+    "skiplist_words",
+)
 
 
 def _read(path: Path) -> dict:
@@ -88,10 +126,46 @@ def dense_module(folder: Path) -> DenseModule:
     return DenseModule(folder, cfg["in_features"], cfg["out_features"], cfg.get("bias", True))
 
 
+def splade_module(folder: Path) -> SpladeModule:
+    path = folder / "config.json"
+    cfg = _read(path) if path.exists() else {}
+    pooling = cfg.get("pooling_strategy", "max")
+    activation = cfg.get("activation_function", "relu")
+    if pooling not in ("max", "sum") or activation not in ("relu", "log1p_relu"):
+        raise ValueError(
+            f"unsupported SpladePooling in {path}: {pooling}/{activation} "
+            "(supported: max or sum, relu or log1p_relu)"
+        )
+    return SpladeModule(pooling, activation)
+
+
+def token_dense_module(folder: Path) -> DenseModule:
+    """PyLate's Dense (applied to every token): a linear map, no residual."""
+    path = folder / "config.json"
+    cfg = _read(path)
+    activation = cfg.get("activation_function", IDENTITY)
+    if activation != IDENTITY:
+        raise ValueError(f"unsupported Dense activation {activation!r} in {path}: only Identity")
+    if cfg.get("use_residual"):
+        raise ValueError(f"unsupported Dense use_residual in {path}")
+    return DenseModule(folder, cfg["in_features"], cfg["out_features"], cfg.get("bias", True))
+
+
+def _is_pylate(entry: dict, extra: dict) -> bool:
+    """A PyLate ColBERT pipeline: its Dense class, or its config's MaxSim and query keys."""
+    return str(entry.get("type", "")).startswith("pylate.") or (
+        extra.get("similarity_fn_name") == "MaxSim" or "query_length" in extra
+    )
+
+
 def read_config(folder: Path) -> SentenceTransformersConfig:
     pool_cfg = folder / "1_Pooling" / "config.json"
     normalize = pooled = False
     dense: list[DenseModule] = []
+    splade: SpladeModule | None = None
+    colbert: ColbertModule | None = None
+    st = folder / "config_sentence_transformers.json"
+    extra = _read(st) if st.exists() else {}
     modules = folder / "modules.json"
     if modules.exists():
         for entry in sorted(_read(modules), key=lambda e: e.get("idx", 0)):
@@ -104,6 +178,14 @@ def read_config(folder: Path) -> SentenceTransformersConfig:
             if kind == "Pooling":
                 pool_cfg = folder / entry.get("path", "1_Pooling") / "config.json"
             pooled = pooled or kind == "Pooling"
+            if kind == "SpladePooling":
+                splade = splade_module(folder / entry.get("path", ""))
+            if kind == "Dense" and not pooled and _is_pylate(entry, extra):
+                if colbert is not None:
+                    raise ValueError(f"{modules}: more than one token-level Dense module")
+                settings = {k: extra[k] for k in COLBERT_KEYS if k in extra}
+                colbert = ColbertModule(token_dense_module(folder / entry["path"]), settings)
+                continue
             if kind == "Dense":
                 if normalize or not pooled:
                     raise ValueError(
@@ -120,12 +202,10 @@ def read_config(folder: Path) -> SentenceTransformersConfig:
     pooling = pooling_mode(pool_cfg) if pool_cfg.exists() else None
     sbert = folder / "sentence_bert_config.json"
     max_length = _read(sbert).get("max_seq_length") if sbert.exists() else None
-    st = folder / "config_sentence_transformers.json"
-    extra = _read(st) if st.exists() else {}
     prompts = extra.get("prompts") or {}
     default_prompt = extra.get("default_prompt_name")
     if default_prompt is not None and default_prompt not in prompts:
         raise ValueError(f"{st}: default_prompt_name {default_prompt!r} is not among the prompts")
     return SentenceTransformersConfig(
-        pooling, normalize, max_length, dict(prompts), default_prompt, tuple(dense)
+        pooling, normalize, max_length, dict(prompts), default_prompt, tuple(dense), splade, colbert
     )

@@ -50,6 +50,10 @@ class Family:
     # Our names a checkpoint may carry that this configuration has no use for (DeBERTa-v3
     # checkpoints keep an absolute position table that position_biased_input=false ignores).
     unused: re.Pattern[str] | None = None
+    # The masked-LM head's modules, ours -> the checkpoint's (a SPLADE model's vocabulary
+    # logits, models/outputs.py): dense, norm, decoder (often tied to the token embeddings:
+    # absent), and the vocabulary bias when it is stored apart from the decoder. Empty: none.
+    mlm_head: dict[str, str] = field(default_factory=dict)
 
     def to_ours(self, name: str, with_head: bool) -> Target | None:
         """One checkpoint tensor name -> ours (a tuple: the parts of a fused tensor); None

@@ -95,6 +95,18 @@ _BERT_LAYER = {
     "output.LayerNorm": "norm2",
 }
 _ROBERTA_HEAD = {"classifier.dense": "dense", "classifier.out_proj": "out"}
+_BERT_MLM = {
+    "dense": "cls.predictions.transform.dense",
+    "norm": "cls.predictions.transform.LayerNorm",
+    "decoder": "cls.predictions.decoder",
+    "bias": "cls.predictions.bias",
+}
+_ROBERTA_MLM = {
+    "dense": "lm_head.dense",
+    "norm": "lm_head.layer_norm",
+    "decoder": "lm_head.decoder",
+    "bias": "lm_head.bias",
+}
 
 BERT = Family(
     architecture="bert",
@@ -106,6 +118,7 @@ BERT = Family(
     layer=_BERT_LAYER,
     head={"bert.pooler.dense": "dense", "classifier": "out"},
     head_kind="pooler_tanh",
+    mlm_head=_BERT_MLM,
 )
 ROBERTA = Family(
     architecture="roberta",
@@ -117,6 +130,7 @@ ROBERTA = Family(
     layer=_BERT_LAYER,
     head=_ROBERTA_HEAD,
     head_kind="dense_tanh",
+    mlm_head=_ROBERTA_MLM,
 )
 DISTILBERT = Family(
     architecture="distilbert",
@@ -138,6 +152,7 @@ DISTILBERT = Family(
     head={"pre_classifier": "dense", "classifier": "out"},
     head_kind="dense_relu",
     ignored=re.compile(r"^(vocab_transform|vocab_layer_norm|vocab_projector)\.|position_ids$"),
+    mlm_head={"dense": "vocab_transform", "norm": "vocab_layer_norm", "decoder": "vocab_projector"},
 )
 MPNET = Family(
     architecture="mpnet",

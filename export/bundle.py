@@ -15,8 +15,9 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
-from export import fused, optimize, quality, verify
+from export import fused, optimize, outputs, quality, verify
 from export.onnx import OPSET, export_attention, export_serving, graph_inputs
+from models.outputs import MultiOutputEncoder
 from models.weights import LoadedModel
 from service.bundle import MANIFEST, sha256_file
 from service.engine.sessions import build_session
@@ -170,6 +171,13 @@ def build_bundle(
         feeds = verify.encode(tok, probes, inputs, cfg.pad_token_id)
         want, want_attn = verify.torch_reference(model, *feeds.values())
         graphs: dict[str, GraphEntry] = {}
+        multi = model if isinstance(model, MultiOutputEncoder) else None
+        if multi is not None and options.int8:
+            raise ValueError(
+                "--int8 is gated on dense retrieval; a model with sparse or multi-vector "
+                "outputs is not quantised yet"
+            )
+        want_outputs = outputs.torch_outputs(multi, feeds) if multi is not None else {}
 
         raw = tmp / "raw.onnx"
         plan = fused.plan(cfg)
@@ -180,7 +188,12 @@ def build_bundle(
         fusion = {"fused": report.fused, "unfused_reason": report.unfused_reason}
         fp32 = _run(fused_path, feeds)[0]
         parity = _check(fp32, want, "encoder.onnx", task, verify.FP32_MIN_COSINE)
-        graphs["encoder"] = _graph_entry(fused_path, "fp32", report.op_counts, parity, **fusion)
+        extra = {}
+        if multi is not None:
+            extra["output_parity"] = outputs.check(multi, fused_path, feeds, want_outputs)
+        graphs["encoder"] = _graph_entry(
+            fused_path, "fp32", report.op_counts, parity, **fusion, **extra
+        )
 
         attn_path = tmp / "attention.onnx"
         export_attention(model, attn_path)
@@ -199,12 +212,18 @@ def build_bundle(
             counts = optimize.to_fp16(fused_path, path)
             parity = verify.compare_outputs("encoder.onnx", _run(path, feeds)[0], fp32, task)
             verify.require(parity, path.name, verify.FP16_MIN_COSINE)
-            graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity, **fusion)
+            extra = {}
+            if multi is not None:
+                extra["output_parity"] = outputs.check(
+                    multi, path, feeds, want_outputs, "pytorch", verify.FP16_MIN_COSINE
+                )
+            graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity, **fusion, **extra)
         if options.int8:
             path = tmp / "encoder.int8.onnx"
             entry = _int8(fused_path, path, tok, feeds, fp32, task, options)
             graphs["encoder_int8"] = entry.model_copy(update=fusion)
 
+        specials = special_tokens(tok, cfg.pad_token_id)
         manifest = Manifest(
             name=loaded.name,
             source=source or Source(kind="folder", id=str(loaded.source)),
@@ -224,7 +243,7 @@ def build_bundle(
             default_prompt_name=loaded.default_prompt_name,
             labels=loaded.labels,
             problem_type=loaded.problem_type,
-            special_tokens=special_tokens(tok, cfg.pad_token_id),
+            special_tokens=specials,
             opset=OPSET,
             inputs=inputs,
             graphs=graphs,
@@ -237,6 +256,7 @@ def build_bundle(
             },
             created=int(time.time()),
             export_seconds=round(time.monotonic() - started, 2),
+            **outputs.manifest_fields(loaded, tok, specials.cls, specials.sep),
         )
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")
         if out.exists():

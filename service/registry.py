@@ -24,25 +24,45 @@ from service.engine.batcher import DynamicBatcher, Infer
 from service.engine.memory import LARGE_REQUESTS, memory_budget, rss_bytes
 from service.engine.runtime import Backend, DeviceUnavailable
 from service.errors import ModelNotFound, Unavailable, WrongTask
+from service.manifest import Manifest
 from service.metrics import Metrics
 from service.pipelines.attention.pipeline import AttentionPipeline
 from service.pipelines.base import Intake
 from service.pipelines.call import Drain
 from service.pipelines.embed import EmbedPipeline
+from service.pipelines.outputs import OutputsPipeline, expansion_pad, outputs_infer
 from service.pipelines.score import ScorePipeline
 from service.settings import Settings
 from service.tensors import Batch
 
 log = logging.getLogger(__name__)
 
-# What a route needs of a model. Any model can "tokenize".
-Capability = Literal["embed", "rerank", "classify", "attention", "tokenize"]
+# A SPLADE batch's logits, and their masked copy: two float32 (tokens, vocabulary) tensors.
+VOCABULARY_BYTES_PER_TOKEN = 8
+# A token vector's number in flight: the graph's output (4), its copy (4), its JSON (~12, and
+# again while joined): 32 bytes a number is the bound used.
+MULTI_VECTOR_BYTES_PER_NUMBER = 32
+
+# What a route needs of a model. Any model can "tokenize". "embed" is a dense vector; an
+# embedding model may have sparse or token-vector outputs besides, or instead ("encode": any).
+Capability = Literal[
+    "embed", "rerank", "classify", "attention", "tokenize", "encode", "sparse", "multi_vector"
+]
 WANTED: dict[Capability, str] = {
     "embed": "an embedding model",
     "rerank": "a reranker",
     "classify": "a classifier",
     "attention": "a model with its attention graph (HEADWISE_ATTENTION_ENABLED)",
     "tokenize": "any model",
+    "encode": "an embedding model (dense, sparse or multi-vector)",
+    "sparse": "a model with a sparse output (SPLADE, bge-m3)",
+    "multi_vector": "a model with a multi-vector output (ColBERT, bge-m3)",
+}
+# The capabilities that are a model's outputs: a request for one names what the model has.
+OUTPUT_CAPABILITIES: dict[Capability, str] = {
+    "embed": "dense",
+    "sparse": "sparse",
+    "multi_vector": "multi_vector",
 }
 # Which routes serve a capability: derived from the route declaration by the app.
 RoutesOf = Callable[[Capability], list[str]]
@@ -95,6 +115,7 @@ class Model:
     score: ScorePipeline | None = None  # rerank or classify
     attention: AttentionPipeline | None = None
     batchers: list[DynamicBatcher] = field(default_factory=list)
+    outputs: OutputsPipeline | None = None  # sparse and token vectors (and dense) at once
 
     @property
     def task(self) -> str:
@@ -104,12 +125,18 @@ class Model:
     def capabilities(self) -> set[Capability]:
         caps: set[Capability] = {"tokenize"}
         if self.embed is not None:
-            caps.add("embed")
+            caps.add("encode")
+            caps |= {c for c, out in OUTPUT_CAPABILITIES.items() if out in self.served_outputs}
         if self.score is not None:
             caps.add("rerank" if self.task == "rerank" else "classify")
         if self.attention is not None:
             caps.add("attention")
         return caps
+
+    @property
+    def served_outputs(self) -> list[str]:
+        """An embedding model's outputs (dense, sparse, multi_vector); none for a scorer."""
+        return list(self.backend.manifest.outputs) if self.embed is not None else []
 
     @property
     def serving_batchers(self) -> list[DynamicBatcher]:
@@ -130,8 +157,13 @@ def build_model(
     admission = admission or Admission(settings.request_timeout_s, settings.max_padding_ratio)
     model = Model(name, backend, manifest.created or int(time.time()), admission)
 
-    def batcher(infer: Infer, path: str, lane: bool = False) -> DynamicBatcher:
+    def batcher(
+        infer: Infer, path: str, lane: bool = False, pad: int | None = None
+    ) -> DynamicBatcher:
+        """pad: the id batches are padded with (default the tokenizer's)."""
         policy = batch_policy(settings, backend.inline and not lane, manifest.d_model)
+        vocabulary = vocabulary_batch_tokens(manifest, settings)  # SPLADE's logits are wide
+        policy.max_batch_tokens = min(policy.max_batch_tokens, vocabulary)
         if lane:  # one long sequence at a time: it is seconds of work
             policy.max_batch_size = 1
         b = DynamicBatcher(
@@ -139,19 +171,21 @@ def build_model(
             policy,
             metrics.observer(path, name),
             f"{path}-{name}",
-            manifest.special_tokens.pad,
+            manifest.special_tokens.pad if pad is None else pad,
             nice=19 if lane else 0,
         )
         model.batchers.append(b)
         admission.batchers.append(b)
         return b
 
-    def intake(infer: Infer, path: str, long_infer: Infer | None = None) -> Intake:
+    def intake(
+        infer: Infer, path: str, long_infer: Infer | None = None, pad: int | None = None
+    ) -> Intake:
         long = None
         if backend.long_tokens and long_infer is not None:
-            long = batcher(long_infer, f"{path}_long", lane=True)
+            long = batcher(long_infer, f"{path}_long", lane=True, pad=pad)
         return Intake(
-            batcher(infer, path), admission, metrics, path, name, long, backend.long_tokens
+            batcher(infer, path, pad=pad), admission, metrics, path, name, long, backend.long_tokens
         )
 
     if manifest.task == "embed":
@@ -164,8 +198,21 @@ def build_model(
                 return out
 
             tokens = intake(run_tokens, "embed_all")
-        encode = intake(backend.run, "encode", backend.run_long)
+        outputs = None
+        if manifest.sparse is not None or manifest.multi_vector is not None:
+            outputs = intake(
+                outputs_infer(backend),
+                "encode_outputs",
+                outputs_infer(backend, long=True),
+                pad=expansion_pad(manifest),
+            )
+        if "dense" in manifest.outputs or outputs is None:
+            encode = intake(backend.run, "encode", backend.run_long)
+        else:  # no dense vector: the outputs' intake is the model's only one
+            encode = outputs
         model.embed = EmbedPipeline(backend, encode, settings, tokens)
+        if outputs is not None:
+            model.outputs = OutputsPipeline(model.embed, outputs, settings)
     else:  # rerank, classify: the same batching, one sequence (a pair) each
         pairs = intake(backend.run, manifest.task, backend.run_long)
         model.score = ScorePipeline(backend, pairs, settings)
@@ -175,6 +222,30 @@ def build_model(
         model.attention = AttentionPipeline(name, backend, settings, metrics, own)
         model.batchers.append(model.attention.batcher)
     return model
+
+
+def vocabulary_batch_tokens(manifest: Manifest, settings: Settings) -> int:
+    """A SPLADE graph holds (tokens x vocabulary) logits twice over a batch: the tokens that
+    fit in HEADWISE_SPARSE_BATCH_BYTES, but one input always; unbounded for other graphs."""
+    sparse = manifest.sparse
+    if sparse is None or sparse.kind != "vocabulary":
+        return settings.max_batch_tokens
+    fits = settings.sparse_batch_bytes // (VOCABULARY_BYTES_PER_TOKEN * manifest.vocab_size)
+    return max(manifest.max_length, fits)
+
+
+def outputs_bytes(manifest: Manifest, settings: Settings, batchers: int) -> int:
+    """What a model's sparse and multi-vector outputs may hold beyond its batches' working
+    memory: SPLADE's vocabulary-wide logits in each batcher's largest batch, and the token
+    vectors of the answers in flight (their budget)."""
+    total = 0
+    sparse = manifest.sparse
+    if sparse is not None and sparse.kind == "vocabulary":
+        tokens = vocabulary_batch_tokens(manifest, settings)
+        total += batchers * tokens * VOCABULARY_BYTES_PER_TOKEN * manifest.vocab_size
+    if manifest.multi_vector is not None:
+        total += settings.multi_vector_budget_numbers * MULTI_VECTOR_BYTES_PER_NUMBER
+    return total
 
 
 def unique_names(specs: Sequence[ModelSpec], manifest_names: Sequence[str]) -> list[str]:
@@ -211,6 +282,12 @@ def load_backends(specs: Sequence[ModelSpec], loader: Loader, settings: Settings
 
 def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
+
+
+def _outputs(model: Model, lead: str = " with outputs ") -> str:
+    """", with outputs dense, sparse" for an embedding model; nothing for a scorer."""
+    outs = model.served_outputs
+    return f"{lead}{', '.join(outs)}" if outs else ""
 
 
 class Registry:
@@ -278,13 +355,20 @@ class Registry:
             model = self.models[name]
             if capability not in model.capabilities:
                 raise WrongTask(
-                    f"model {name!r} is {_article(model.task)} {model.task} model: it serves "
-                    f"{self.routes_of_model(model)}; {self.routes(capability)} needs "
-                    f"{WANTED[capability]}",
+                    f"model {name!r} is {_article(model.task)} {model.task} model"
+                    f"{_outputs(model)}: it serves {self.routes_of_model(model)}; "
+                    f"{self.routes(capability)} needs {WANTED[capability]}",
                     param="model",
                 )
             return model
         candidates = [m for m in self if capability in m.capabilities]
+        if not candidates and capability in ("sparse", "multi_vector"):
+            served = ", ".join(f"{m.name} ({m.task}{_outputs(m, ': ')})" for m in self)
+            raise WrongTask(
+                f"no served model has a {OUTPUT_CAPABILITIES[capability]} output, which "
+                f"{self.routes(capability)} needs; served: {served}",
+                param="model",
+            )
         if not candidates:
             served = ", ".join(f"{m.name} ({m.task})" for m in self)
             raise ModelNotFound(
@@ -303,6 +387,9 @@ class Registry:
     def memory(self) -> dict[str, int]:
         """The documented peak for these settings and models (README: Memory)."""
         s = self.settings
+        extra = sum(
+            outputs_bytes(m.backend.manifest, s, len(m.serving_batchers)) for m in self
+        )
         graphs = [
             (
                 len(m.serving_batchers),
@@ -320,6 +407,7 @@ class Registry:
             sum(m.attention is not None for m in self),
             s.max_body_bytes,
             LARGE_REQUESTS,
+            outputs_bytes=extra,
         )
 
     def activity(self) -> int:

@@ -90,6 +90,25 @@ class Settings(BaseSettings):
         description="accept cl100k_base token-id arrays on /v1/embeddings (LangChain's default)",
     )
 
+    # Sparse and multi-vector outputs (bge-m3, SPLADE, ColBERT)
+    multi_vector_max_numbers: int = Field(
+        4_000_000,
+        ge=1,
+        description="token vectors x their width one /encode answer may hold (about 12 bytes a "
+        "number in JSON, 5.3 in base64); then 413",
+    )
+    multi_vector_budget_numbers: int = Field(
+        16_000_000,
+        ge=1,
+        description="token vectors x width of all a model's answers in flight together; then 429",
+    )
+    sparse_batch_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1 << 20,
+        description="a SPLADE graph's vocabulary-wide logits (tokens x vocabulary x 8 bytes) per "
+        "batch: its batches hold at most this many bytes' worth of tokens (always one input)",
+    )
+
     # Request bounds
     max_inputs: int = Field(2048, ge=1, description="inputs per request (split across batches)")
     max_input_chars: int = Field(100_000, ge=1, description="characters per input")

@@ -87,9 +87,24 @@ def ranker_bundle(family_tokenizers, tmp_path_factory: pytest.TempPathFactory) -
     return tmp / "bundle"
 
 
+@pytest.fixture(scope="session")
+def m3_bundle(family_tokenizers, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight bge-m3-shaped checkpoint (XLM-R, FlagEmbedding's sparse_linear.pt and
+    colbert_linear.pt) exported by the CLI: a model with dense, sparse and multi-vector outputs."""
+    from tests.export.output_checkpoints import m3_checkpoint
+    from tests.export.test_architectures import export
+
+    tmp = tmp_path_factory.mktemp("m3")
+    folder = m3_checkpoint(tmp / "bge-m3-tiny", family_tokenizers["unigram"])
+    export(folder, tmp / "bundle")
+    return tmp / "bundle"
+
+
 # Fixtures that export a bundle with torch (seconds each): a test using any of them is marked
 # `bundle`, and `make test-fast` leaves it out.
-BUNDLE_FIXTURES = {"tiny_model", "tiny_bundle", "default_loaded", "default_bundle", "ranker_bundle"}
+BUNDLE_FIXTURES = {
+    "tiny_model", "tiny_bundle", "default_loaded", "default_bundle", "ranker_bundle", "m3_bundle"
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from service import __version__
@@ -59,6 +59,7 @@ def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
         "normalize_default": m.normalize,
         "prompts": sorted(m.prompts),
         "labels": m.labels,
+        "outputs": model.served_outputs,
         "routes": routes,
         "providers": runtime.providers,
         "device": runtime.device,
@@ -87,6 +88,9 @@ def limits(s: Settings) -> dict[str, Any]:
         "attention_budget_numbers": s.attention_budget_numbers,
         "attention_cpu_share": s.attention_cpu_share,
         "capacity_tokens_per_s": s.capacity_tokens_per_s,
+        "multi_vector_max_numbers": s.multi_vector_max_numbers,
+        "multi_vector_budget_numbers": s.multi_vector_budget_numbers,
+        "sparse_batch_bytes": s.sparse_batch_bytes,
     }
 
 
@@ -98,6 +102,9 @@ class ServedModel(BaseModel):
     num_layers: int
     num_heads: int
     max_length: int
+    outputs: list[str] = Field(
+        default_factory=list, description="an embedding model's: dense, sparse, multi_vector"
+    )
     routes: str
     tei: Info
 

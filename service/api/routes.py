@@ -52,9 +52,9 @@ ROUTES: tuple[Route, ...] = (
         "/encode",
         HEADWISE,
         one(native_schemas.EncodeRequest, native_handlers.encode, native_schemas.EncodeResponse),
-        capability="embed",
+        capability="encode",
         lane=True,
-        summary="Embed one text or a list of texts",
+        summary="Embed one text or a list of texts: dense, sparse and token vectors (outputs)",
     ),
     Route(
         "/tokenize/details",
@@ -217,8 +217,14 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "/embed_sparse",
         TEI,
-        one(None, tei_handlers.embed_sparse, None),
-        summary="TEI: sparse embeddings (needs a sparse model)",
+        one(
+            tei_schemas.EmbedSparseRequest,
+            tei_handlers.embed_sparse,
+            tei_schemas.EmbedSparseResponse,
+        ),
+        capability="sparse",
+        lane=True,
+        summary="TEI: sparse embeddings -> [[{index, value}]] (SPLADE, bge-m3's lexical weights)",
     ),
     Route(
         "/tokenize",

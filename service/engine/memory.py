@@ -64,9 +64,12 @@ def memory_budget(
     attention_models: int,
     max_body_bytes: int,
     concurrent_requests: int,
+    outputs_bytes: int = 0,
 ) -> dict[str, int]:
     """The documented peak: warm + every serving batcher's largest batch at once + the attention
-    budgets + the requests in flight. graphs: (batchers, max_length, d_model, heads) a model."""
+    budgets + the requests in flight (+ what sparse and multi-vector outputs add: SPLADE's
+    vocabulary-wide logits, the token vectors in flight). graphs: (batchers, max_length,
+    d_model, heads) a model."""
     encode = sum(
         batchers * encode_batch_bytes(max_batch_tokens, n, d, h) for batchers, n, d, h in graphs
     )
@@ -78,7 +81,8 @@ def memory_budget(
         "attention_bytes": attention,
         "requests_bytes": requests,
         "concurrent_requests": concurrent_requests,
-        "bound_bytes": warm_bytes + encode + attention + requests,
+        "outputs_bytes": outputs_bytes,
+        "bound_bytes": warm_bytes + encode + attention + requests + outputs_bytes,
     }
 
 

@@ -2,6 +2,7 @@
 
 pre:  tokenize(texts) / tokenize_pairs(pairs) -> encodings (truncated at the max length)
 core: run(batch) -> (B, d) pooled embeddings or (B, labels) logits   (the fused serving graph)
+      run_outputs(batch) -> every output by name (sparse, token vectors; one run)
       attend(batch) -> primary output, attentions (L, B, h, N, N)     (the unfused debug graph)
 post: normalisation, dimensions, activations are per request, in the pipelines
 """
@@ -65,6 +66,7 @@ class Backend(Protocol):
     def run_tokens(self, batch: Batch) -> np.ndarray | None: ...
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]: ...
     def run_long(self, batch: Batch) -> np.ndarray: ...
+    def run_outputs(self, batch: Batch, long: bool = False) -> dict[str, np.ndarray]: ...
     def warmup(self) -> None: ...
 
 
@@ -121,6 +123,8 @@ class OnnxBackend:
         self._primary = outputs[:1]  # ask for the pooled output only: no token copy per run
         self.token_output = "token_embeddings" in outputs
         self._tokens = ["token_embeddings"] if self.token_output else None
+        # /encode's outputs: all of them but the token states, in one run.
+        self._outputs = [o for o in outputs if o != "token_embeddings"]
         used = self.session.get_providers()
         if settings.device == "cuda" and CUDA not in used:
             raise DeviceUnavailable(
@@ -193,6 +197,12 @@ class OnnxBackend:
         session = self.long_session or self.session
         (out,) = session.run(self._primary, batch.feeds(self._feeds), self._run_opts)
         return np.asarray(out)
+
+    def run_outputs(self, batch: Batch, long: bool = False) -> dict[str, np.ndarray]:
+        """Every output but the token states, by name, from one run (long: the long lane's)."""
+        session = (self.long_session or self.session) if long else self.session
+        values = session.run(self._outputs, batch.feeds(self._feeds), self._run_opts)
+        return {name: np.asarray(v) for name, v in zip(self._outputs, values, strict=True)}
 
     def run_tokens(self, batch: Batch) -> np.ndarray | None:
         """Last-layer token vectors (B, N, d); None when the graph does not output them."""

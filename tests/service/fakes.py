@@ -135,6 +135,29 @@ class FakeBackend:
         pos = np.arange(batch.input_ids.shape[1])[None, :, None]
         return np.cos(batch.input_ids[:, :, None] * 0.1 + pos + np.arange(d)).astype(np.float32)
 
+    def run_outputs(self, batch: Batch, long: bool = False) -> dict[str, np.ndarray]:
+        """Each output the manifest lists, a deterministic function of ids and positions: the
+        dense vector as `vectors`; a token's weight (id % 5) / 4 (0 for some ids); a vocabulary
+        vector counting each real id; a token's vector a unit one of its id and position."""
+        self._hold(batch)
+        m = self.manifest
+        ids = batch.input_ids
+        out: dict[str, np.ndarray] = {}
+        if "dense" in m.outputs:
+            out["sentence_embedding"] = self.vectors(batch)
+        if m.sparse is not None and m.sparse.kind == "token_weights":
+            out[m.sparse.graph_output] = ((ids % 5) / 4).astype(np.float32)
+        if m.sparse is not None and m.sparse.kind == "vocabulary":
+            counts = np.zeros((len(batch), m.vocab_size), dtype=np.float32)
+            for i, (row, keep) in enumerate(zip(ids, batch.attention_mask, strict=True)):
+                np.add.at(counts[i], row[keep.astype(bool)], 1.0)
+            out[m.sparse.graph_output] = counts
+        if m.multi_vector is not None:
+            pos = np.arange(ids.shape[1])[None, :, None]
+            v = np.cos(ids[:, :, None] * 0.3 + pos * 0.7 + np.arange(m.multi_vector.dim))
+            out[m.multi_vector.graph_output] = (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+        return out
+
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Uniform attention over each text's real tokens: rows sum to 1, padding gets 0."""
         self._hold(batch)

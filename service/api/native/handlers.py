@@ -1,10 +1,15 @@
-"""headwise's own routes: embeddings, tokenisation details, attention maps and their viewer."""
+"""headwise's own routes: embeddings (and sparse, token vectors), tokenisation details,
+attention maps and their viewer."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from importlib import resources
+from typing import Any
 
+import numpy as np
+import orjson
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 
 from service.api.context import Context
@@ -14,9 +19,13 @@ from service.api.native.schemas import (
     EncodeRequest,
     TokenizeDetailsRequest,
 )
+from service.errors import InvalidInput
 from service.pipelines.base import as_list, check_texts
 from service.pipelines.chunking import Chunker, Chunking
+from service.pipelines.compact import compact, with_pieces
 from service.pipelines.embed import EmbedPipeline, Tokenizing
+from service.pipelines.outputs import sparse_entries
+from service.registry import OUTPUT_CAPABILITIES, Model
 
 # An answer larger than this goes out in pieces, each waiting for the socket, so that health
 # checks are answered in between (one large write would hold the event loop while it is copied).
@@ -24,7 +33,11 @@ STREAM_BYTES = 1 << 20
 
 
 async def encode(ctx: Context, body: EncodeRequest) -> Response:
+    if body.outputs is not None or body.input_type is not None:
+        return await encode_outputs(ctx, body)
     model = ctx.model(body.model)
+    if model.served_outputs[:1] != ["dense"]:  # SPLADE, ColBERT: their own output by default
+        return await encode_outputs(ctx, body)
     pipe = model.embed
     assert pipe is not None
     texts = pipe.validate(body.inputs, "inputs", body.dimensions)
@@ -135,3 +148,91 @@ async def encode_chunks(
     if out.pooled is not None:
         payload["embeddings"] = out.pooled
     return ctx.respond(payload, out.timings)
+
+
+# --- /encode's outputs: dense, sparse, multi_vector from one forward pass --------------------
+
+# An answer with more token-vector numbers than this is written on a worker thread.
+INLINE_NUMBERS = 1 << 16
+
+
+def _encoder(ctx: Context, body: EncodeRequest) -> Model:
+    """The model that has every output asked for (the rarer ones pick it), else any encoder."""
+    wanted = body.outputs or []
+    caps = [c for c, out in OUTPUT_CAPABILITIES.items() if out in wanted]
+    capability = next((c for c in caps if c != "embed"), caps[0] if caps else "encode")
+    return ctx.model(body.model, capability)
+
+
+async def encode_outputs(ctx: Context, body: EncodeRequest) -> Response:
+    if body.chunking is not None or body.chunks is not None:
+        raise InvalidInput(
+            "chunking answers a model's dense vectors: it takes neither outputs nor input_type, "
+            "nor a model without a dense output",
+            param="chunking",
+        )
+    model = _encoder(ctx, body)
+    embed = model.embed
+    assert embed is not None
+    how = Tokenizing(truncate=body.truncate, prompt_name=body.prompt_name)
+    pipe = model.outputs
+    if pipe is None:  # a dense-only model: its one output, in the role asked for
+        texts = embed.validate(body.inputs, "inputs", body.dimensions)
+        if body.input_type is not None and body.prompt_name is None:
+            how = replace(how, prompt_name=embed.prompt_for(body.input_type))
+        dense = await embed.embed(ctx.call, texts, how, body.normalize, body.dimensions)
+        answer = {"outputs": ["dense"], **_dense(model, dense.vectors), "tokens": dense.tokens}
+        return ctx.respond(answer, dense.timings)
+    outputs = pipe.check(body.outputs)
+    dimensions = body.dimensions if "dense" in outputs else None
+    texts = embed.validate(body.inputs, "inputs", dimensions)
+    out = await pipe.encode(
+        ctx.call, texts, outputs, how, body.input_type, body.normalize, dimensions
+    )
+    payload: dict[str, Any] = {"outputs": outputs, "model": model.name, "tokens": out.tokens}
+    if out.dense is not None:
+        payload |= _dense(model, out.dense)
+    if out.sparse is not None:
+        decode = model.backend.decode if body.sparse_tokens else None
+        payload["sparse"] = [
+            sparse_entries(s, [decode([i], False) for i in s.indices.tolist()] if decode else None)
+            for s in out.sparse
+        ]
+    vectors = out.multi_vector
+    if vectors is None:
+        return ctx.respond(payload, out.timings)
+    ctx.request.state.timing_headers = out.timings.headers()
+    if sum(v.size for v in vectors) <= INLINE_NUMBERS:
+        body_pieces = _with_vectors(payload, vectors, body.encoding_format)
+    else:  # tens of MB of JSON: off the event loop
+        body_pieces = await ctx.call.offload(
+            _with_vectors, payload, vectors, body.encoding_format
+        )
+    size = sum(map(len, body_pieces))
+    if size <= STREAM_BYTES:
+        return Response(b"".join(body_pieces), media_type="application/json")
+    return StreamingResponse(
+        _pieces(body_pieces),
+        media_type="application/json",
+        headers={"content-length": str(size)},
+    )
+
+
+def _dense(model: Model, vectors: np.ndarray) -> dict[str, Any]:
+    return {"embeddings": vectors, "model": model.name, "dimensions": int(vectors.shape[1])}
+
+
+def _with_vectors(
+    payload: dict[str, Any], vectors: list[np.ndarray], encoding: str
+) -> list[bytes]:
+    """The answer's JSON in pieces, its token vectors as arrays or compact (base64 float32)."""
+    pieces: list[bytes] = [b"["]
+    for i, v in enumerate(vectors):
+        if i:
+            pieces.append(b",")
+        if encoding == "base64":
+            pieces += compact(v, "<f4")
+        else:
+            pieces.append(orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY))
+    pieces.append(b"]")
+    return with_pieces(payload, "multi_vector", pieces)

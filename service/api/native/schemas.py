@@ -8,6 +8,8 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt
 
 from service.api.fields import Dimensions, ModelName, Strict, Text, Texts
 
+Output = Literal["dense", "sparse", "multi_vector"]
+
 
 class ChunkingOptions(Strict):
     """How to cut each input into chunks, and how to embed them (README: Long documents)."""
@@ -29,7 +31,33 @@ class ChunkingOptions(Strict):
 Span = Annotated[list[StrictInt], Field(min_length=2, max_length=2)]
 
 
-class EncodeRequest(Strict):
+class EncodeOutputs(Strict):
+    """/encode's outputs besides the dense vector: a model's sparse and token-vector outputs
+    (bge-m3, SPLADE, ColBERT), any of them from one forward pass."""
+
+    outputs: Annotated[list[Output], Field(min_length=1)] | None = Field(
+        None,
+        description="what to answer: dense (embeddings), sparse ({index, value} per vocabulary "
+        "id), multi_vector (one vector per token); default: the model's first output (its "
+        "dense vector when it has one). A model without an asked output is a 400 naming its own",
+    )
+    sparse_tokens: StrictBool = Field(
+        False, description="each sparse entry also carries its token's text"
+    )
+    input_type: Literal["query", "document"] | None = Field(
+        None,
+        description="a ColBERT model encodes a query (its marker, expanded to its query length) "
+        "and a document (its marker, its skiplist) differently; default document. Other models: "
+        "the model's prompt for that role, when prompt_name is not given",
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float",
+        description="multi_vector as nested arrays (float), or per input "
+        '{"encoding": "base64", "dtype": "<f4", "shape": [n, d], "data"}: little-endian float32',
+    )
+
+
+class EncodeRequest(EncodeOutputs):
     inputs: Texts = Field(description="a text or a list of texts")
     model: ModelName = None
     normalize: StrictBool | None = Field(
@@ -62,12 +90,37 @@ class ChunkVector(BaseModel):
     embedding: list[float]
 
 
-class EncodeResponse(BaseModel):
+class SparseEntry(BaseModel):
+    index: Annotated[int, Field(ge=0)]
+    value: float
+    token: str | None = Field(None, description="the token's text, with sparse_tokens")
+
+
+class CompactVectors(BaseModel):
+    encoding: Literal["base64"]
+    dtype: Literal["<f4"]
+    shape: Annotated[list[int], Field(min_length=2, max_length=2)]
+    data: str
+
+
+class EncodeOutputsAnswer(BaseModel):
+    outputs: list[Output] | None = Field(None, description="the outputs answered")
+    sparse: list[list[SparseEntry]] | None = Field(
+        None, description="per input, its nonzero weights by vocabulary id, sorted by index"
+    )
+    multi_vector: list[list[list[float]]] | list[CompactVectors] | None = Field(
+        None, description="per input, one unit vector per token"
+    )
+
+
+class EncodeResponse(EncodeOutputsAnswer):
     embeddings: list[list[float]] | None = Field(
-        None, description="per input (with chunking: only with pool, the document's vector)"
+        None,
+        description="per input, with the dense output (with chunking: only with pool, the "
+        "document's vector)",
     )
     model: str
-    dimensions: int
+    dimensions: int | None = None  # the dense vectors'
     tokens: list[int] = Field(description="tokens per input, after truncation")
     chunks: list[list[ChunkVector]] | None = Field(
         None, description="with chunking: per input, its chunks in order"

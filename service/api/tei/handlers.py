@@ -14,15 +14,17 @@ from service.api.tei.schemas import (
     DecodeRequest,
     EmbedAllRequest,
     EmbedRequest,
+    EmbedSparseRequest,
     PredictRequest,
     RerankRequest,
     SimilarityRequest,
     TokenizeRequest,
     TruncationOptions,
 )
-from service.errors import InvalidInput, WrongTask
+from service.errors import InvalidInput
 from service.pipelines.base import as_list, check_ids, check_texts
 from service.pipelines.embed import Tokenizing
+from service.pipelines.outputs import sparse_entries
 from service.pipelines.score import ranked
 
 
@@ -152,9 +154,12 @@ async def tokenize(ctx: Context, body: TokenizeRequest) -> Response:
     return ctx.respond([simple_tokens(t, e) for t, e in zip(texts, encodings, strict=True)])
 
 
-async def embed_sparse(ctx: Context, body: Any) -> Response:
-    served = ", ".join(f"{m.name} ({m.task})" for m in ctx.registry)
-    raise WrongTask(
-        f"sparse embeddings need a sparse (SPLADE-style) model; none is served here ({served}). "
-        f"Dense embeddings: {', '.join(ctx.registry.routes_of('embed'))}"
-    )
+async def embed_sparse(ctx: Context, body: EmbedSparseRequest) -> Response:
+    """Each input's nonzero weights by vocabulary id, sorted by index (SPLADE's vector, or
+    bge-m3's lexical weights). A model without a sparse output: 400 naming the outputs."""
+    pipe = ctx.model().outputs
+    assert pipe is not None
+    inputs = pipe.embed.validate(body.inputs, "inputs")
+    out = await pipe.encode(ctx.call, inputs, ["sparse"], _how(body))
+    assert out.sparse is not None
+    return ctx.respond([sparse_entries(s) for s in out.sparse], out.timings)

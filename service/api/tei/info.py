@@ -19,8 +19,10 @@ def model_type(model: Model) -> dict[str, Any]:
         "id2label": {str(i): label for i, label in enumerate(m.labels)},
         "label2id": {label: i for i, label in enumerate(m.labels)},
     }
+    # A SPLADE model (its only output a vocabulary vector) is what TEI calls splade pooling.
+    splade = m.outputs == ["sparse"] and m.sparse is not None and m.sparse.kind == "vocabulary"
     kinds: dict[str, dict[str, Any]] = {
-        "embed": {"embedding": {"pooling": m.pooling}},
+        "embed": {"embedding": {"pooling": "splade" if splade else m.pooling}},
         "rerank": {"reranker": labels},
         "classify": {"classifier": labels},
     }

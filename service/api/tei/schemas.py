@@ -66,6 +66,10 @@ class EmbedAllRequest(TruncationOptions):
     inputs: Inputs
 
 
+class EmbedSparseRequest(TruncationOptions):
+    inputs: Inputs
+
+
 class SimilarityInput(Compat):
     source_sentence: Text
     sentences: Annotated[list[Text], Field(min_length=1)]
@@ -148,6 +152,14 @@ class PredictRequest(TruncationOptions):
 
 EmbedResponse = list[list[float]]
 EmbedAllResponse = list[list[list[float]]]
+
+
+class SparseValue(BaseModel):
+    index: Annotated[int, Field(ge=0)]
+    value: float
+
+
+EmbedSparseResponse = list[list[SparseValue]]
 SimilarityResponse = list[float]
 DecodeResponse = list[str]
 

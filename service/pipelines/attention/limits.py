@@ -18,24 +18,34 @@ from service.errors import Overloaded, PayloadTooLarge
 
 
 class Budget:
-    def __init__(self, limit: int, report: Callable[[int], None] | None = None) -> None:
+    """what: the calls it bounds; setting: the variable that sets it; advice: what to send."""
+
+    def __init__(
+        self,
+        limit: int,
+        report: Callable[[int], None] | None = None,
+        what: str = "/attention call",
+        setting: str = "HEADWISE_ATTENTION_BUDGET_NUMBERS",
+        advice: str = "select fewer layers or heads",
+    ) -> None:
         self.limit = limit
         self.used = 0
         self._report = report or (lambda used: None)
+        self.what, self.setting, self.advice = what, setting, advice
 
     @asynccontextmanager
     async def hold(self, numbers: int, retry_after: float) -> AsyncIterator[None]:
         if numbers > self.limit:  # would never fit: waiting cannot help
             raise PayloadTooLarge(
-                f"this /attention call computes {numbers} numbers, more than the "
-                f"{self.limit} all calls may hold together (HEADWISE_ATTENTION_BUDGET_NUMBERS): "
+                f"this {self.what} computes {numbers} numbers, more than the "
+                f"{self.limit} all calls may hold together ({self.setting}): "
                 "send a shorter input"
             )
         if self.used + numbers > self.limit:
             raise Overloaded(
-                f"/attention calls in flight hold {self.used} of {self.limit} numbers "
-                f"(HEADWISE_ATTENTION_BUDGET_NUMBERS); this one needs {numbers}: retry later, "
-                "or select fewer layers or heads",
+                f"{self.what}s in flight hold {self.used} of {self.limit} numbers "
+                f"({self.setting}); this one needs {numbers}: retry later, "
+                f"or {self.advice}",
                 retry_after=retry_after,
             )
         self.used += numbers

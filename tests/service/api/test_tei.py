@@ -65,6 +65,7 @@ def want(fake: FakeBackend, text: str) -> np.ndarray:
     [
         ("/embed", tei_schemas.EmbedRequest),
         ("/embed_all", tei_schemas.EmbedAllRequest),
+        ("/embed_sparse", tei_schemas.EmbedSparseRequest),
         ("/similarity", tei_schemas.SimilarityRequest),
         ("/decode", tei_schemas.DecodeRequest),
         ("/tokenize", tei_schemas.TokenizeRequest),
@@ -207,7 +208,25 @@ def test_tokenize_texts_are_the_inputs_own_characters_and_spans_are_utf8_bytes(f
 def test_embed_sparse_is_a_4xx_that_says_why(tei):
     r = tei.post("/embed_sparse", json={"inputs": "x"})
     assert r.status_code == 400 and "sparse" in r.json()["error"]
+    assert "fake-embedder (embed: dense)" in r.json()["error"]  # the model's outputs
     check(r.json(), "ErrorResponse")
+
+
+def test_embed_sparse_answers_teis_sparse_values():
+    from service.manifest import SparseOutput
+
+    backend = FakeBackend(
+        fake_manifest("splade", outputs=["sparse"], sparse=SparseOutput(kind="vocabulary", graph_output="s"))
+    )
+    with client_for(Path("s"), loader=fake_loader(backend)) as c:
+        r = c.post("/embed_sparse", json={"inputs": ["the cat", "zebra zebra"], "truncate": True})
+        assert r.status_code == 200
+        check(r.json(), response_schema("/embed_sparse", "200"))
+        rows = r.json()
+        assert [e["index"] for e in rows[1]] == sorted(e["index"] for e in rows[1])
+        zebra = backend.tokenizer.token_to_id("zebra")
+        assert {"index": zebra, "value": 2.0} in rows[1]
+        assert c.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
 
 
 def test_info_carries_teis_fields(tei):

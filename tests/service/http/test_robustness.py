@@ -167,9 +167,10 @@ def test_arbitrary_json_never_yields_a_server_error(client, path, body):
 
 
 @pytest.fixture(scope="module")
-def live_tiny(tiny_bundle, ranker_bundle, tmp_path_factory):
-    """An embedder and a reranker, so that the operations of both tasks answer 200 too."""
-    specs = [str(tiny_bundle), f"ranker={ranker_bundle}"]
+def live_tiny(tiny_bundle, ranker_bundle, m3_bundle, tmp_path_factory):
+    """An embedder, a reranker and a model with sparse and multi-vector outputs, so that the
+    operations of every task and output answer 200 too."""
+    specs = [str(tiny_bundle), f"ranker={ranker_bundle}", f"m3={m3_bundle}"]
     with serve(specs, tmp_path_factory.mktemp("schemathesis")) as server:
         yield server
 

@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 
 from service.api.routes import TABLE
 from service.api.tei.handlers import ROOT
+from service.manifest import MultiVectorOutput, SparseOutput
 from tests.service.conftest import client_for
 from tests.service.fakes import FakeBackend, fake_loader, fake_manifest
 
@@ -36,8 +37,16 @@ def served():
         FakeBackend(fake_manifest("embedder")),
         FakeBackend(fake_manifest("ranker", d=1, task="rerank", labels=["score"])),
         FakeBackend(fake_manifest("nli", d=3, task="classify", labels=["a", "b", "c"])),
+        FakeBackend(
+            fake_manifest(
+                "lexical",
+                outputs=["dense", "sparse", "multi_vector"],
+                sparse=SparseOutput(kind="token_weights", graph_output="w"),
+                multi_vector=MultiVectorOutput(graph_output="v", dim=4, skip_first=True),
+            )
+        ),
     ]
-    with client_for(["a", "b", "c"], loader=fake_loader(*backends)) as c:
+    with client_for(["a", "b", "c", "d"], loader=fake_loader(*backends)) as c:
         yield c
 
 

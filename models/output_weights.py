@@ -5,7 +5,7 @@ their heads' weights (models/outputs.py):
   (torch state dicts of two nn.Linear, read with weights_only=True), or their .safetensors form.
   FlagEmbedding loads them only together, so one without the other is refused. Its dense vector
   is the first token's, normalised: FlagEmbedding's M3 default when the folder has no
-  sentence-transformers Pooling to say otherwise.
+  sentence-transformers pipeline (modules.json) to say otherwise.
 - SPLADE: a `*ForMaskedLM` checkpoint whose sentence-transformers pipeline is MLMTransformer ->
   SpladePooling, or any masked-LM checkpoint exported with `--task sparse` (SPLADE-max, relu):
   the family's masked-LM head, its decoder tied to the token embeddings when not stored.
@@ -108,7 +108,7 @@ def _spec(folder: Path, hf: dict[str, Any], sparse: bool) -> tuple[OutputSpec, d
             vectors_bias="bias" in colbert,
             skip_first=True,
         )
-        return spec, {"m3": heads, "st": st}
+        return spec, {"m3": heads}
     if sparse or st.splade:
         if not any(a.endswith("ForMaskedLM") for a in hf.get("architectures") or []):
             log.warning("%s: not a *ForMaskedLM checkpoint; looking for its MLM head anyway", folder)
@@ -119,7 +119,7 @@ def _spec(folder: Path, hf: dict[str, Any], sparse: bool) -> tuple[OutputSpec, d
             splade_pooling=splade.pooling if splade else "max",  # type: ignore[arg-type]
             splade_activation=splade.activation if splade else "relu",  # type: ignore[arg-type]
         )
-        return spec, {"st": st}
+        return spec, {}
     if st.colbert is not None:
         dense = st.colbert.dense
         spec = OutputSpec(
@@ -128,7 +128,7 @@ def _spec(folder: Path, hf: dict[str, Any], sparse: bool) -> tuple[OutputSpec, d
             vectors_bias=dense.bias,
             colbert=colbert_inputs(st.colbert),
         )
-        return spec, {"colbert": st.colbert, "st": st}
+        return spec, {"colbert": st.colbert}
     return None
 
 
@@ -207,8 +207,9 @@ def with_outputs(
         raise ValueError(f"{', '.join(spec.names)} outputs need task embed, not {loaded.task!r}")
     base = loaded.model
     config, normalize = loaded.config, loaded.normalize
-    if "m3" in parts and pooling is None and parts["st"].pooling is None:
-        # FlagEmbedding's M3: the first token's vector, normalised.
+    if "m3" in parts and pooling is None and not (folder / "modules.json").exists():
+        # No sentence-transformers pipeline to follow: FlagEmbedding's M3, the first token's
+        # vector, normalised.
         config, normalize = config.replace(pooling="cls"), True
     model = MultiOutputEncoder(config, spec)
     model.encoder = base.encoder

@@ -150,6 +150,13 @@ def test_bge_m3_on_teis_embed_sparse_answers_its_lexical_weights(m3):
         assert all(set(e) == {"index", "value"} for e in got)
 
 
+def test_bge_m3_without_sentence_transformers_files_pools_as_flagembedding(family_tokenizers, tmp_path):
+    folder = m3_checkpoint(tmp_path / "bare", family_tokenizers["unigram"])
+    (folder / "modules.json").unlink()  # FlagEmbedding reads none of these: cls, normalised
+    manifest = export(folder, tmp_path / "bundle")
+    assert manifest.pooling == "cls" and manifest.normalize and len(manifest.outputs) == 3
+
+
 def test_one_m3_head_without_the_other_is_refused_by_name(family_tokenizers, tmp_path):
     from export.cli import main
 
@@ -320,3 +327,11 @@ def test_colbert_query_expansion_settings_match_pylate(family_tokenizers, tmp_pa
     from service.pipelines.compact import decode
 
     assert compare([decode(v) for v in body["multi_vector"]], want) <= TOLERANCE
+
+
+def test_attention_maps_of_a_model_without_a_dense_vector(colbert):
+    folder, bundle, _ = colbert
+    with client_for(bundle) as c:
+        r = c.post("/attention", json={"input": "the cat sat", "layers": [0]})
+    assert r.status_code == 200, r.text
+    assert "embedding" not in r.json() and len(r.json()["attentions"]) == 1

@@ -237,6 +237,6 @@ class AttentionPipeline:
             sequence_ids = enc.sequence_ids
             payload["sequence_ids"] = sequence_ids
             payload["boundary"] = sequence_ids.index(1) if 1 in sequence_ids else n
-        if self.manifest.task == "embed":
+        if self.manifest.task == "embed" and "dense" in self.manifest.outputs:
             payload["embedding"] = l2_normalize(primary[None, :].astype(np.float32))[0]
         return with_maps(payload, "attentions", encode_maps(selected, q.encoding)), "application/json"

@@ -37,7 +37,8 @@ from service.tensors import Batch
 
 log = logging.getLogger(__name__)
 
-# A SPLADE batch's logits, and their masked copy: two float32 (tokens, vocabulary) tensors.
+# A SPLADE batch's float32 (tokens, vocabulary) logits (max pooling holds only those: the
+# mask is inside the GEMM), and room for a second such tensor (sum pooling's elementwise pass).
 VOCABULARY_BYTES_PER_TOKEN = 8
 # A token vector's number in flight: the graph's output (4), its copy (4), its JSON (~12, and
 # again while joined): 32 bytes a number is the bound used.

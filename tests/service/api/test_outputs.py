@@ -267,3 +267,12 @@ def test_memory_bound_counts_the_token_vectors_in_flight(client):
     assert memory["outputs_bytes"] > 0
     parts = ("warm_bytes", "encode_batches_bytes", "attention_bytes", "requests_bytes", "outputs_bytes")
     assert memory["bound_bytes"] == sum(memory[k] for k in parts)
+
+
+def test_chunking_answers_dense_vectors_only(client):
+    for body in (
+        {"inputs": "the cat", "model": "m3", "outputs": ["sparse"], "chunking": {"size": 2}},
+        {"inputs": "the cat", "model": "splade", "chunking": {"size": 2}},
+    ):
+        r = client.post("/encode", json=body)
+        assert r.status_code == 422 and "chunking answers" in r.json()["error"]["message"], r.text

@@ -105,10 +105,14 @@ async def attention_view(ctx: Context, body: None = None) -> Response:
 
 
 def per_input_spans(chunks: list[list[int]] | list[list[list[int]]]) -> list[list[tuple[int, int]]]:
-    """`chunks` as given (one input's spans, or a list of them per input) -> per input."""
-    lists = chunks if chunks and isinstance(chunks[0][0], list) else [chunks]
+    """`chunks` as given (one input's spans, or a list of them per input) -> per input. A span
+    has two numbers, so an empty list inside is an input's (empty) list of spans: a 422."""
+    nested = any(not item or isinstance(item[0], list) for item in chunks)
+    lists = chunks if nested else [chunks]
     out: list[list[tuple[int, int]]] = []
-    for spans in lists:
+    for i, spans in enumerate(lists):
+        if not spans:
+            raise InvalidInput(f"chunks[{i}] has no spans: give every input one or more", param="chunks")
         pairs = []
         for span in spans:
             assert isinstance(span, list)

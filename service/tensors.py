@@ -9,15 +9,21 @@ import numpy as np
 
 
 def pad_batch(
-    sequences: Sequence[Sequence[int]], pad_id: int = 0
+    sequences: Sequence[Sequence[int]],
+    pad_id: int = 0,
+    masks: Sequence[Sequence[int] | None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad token-id sequences -> input_ids, attention_mask, both (B, N) int64."""
+    """Right-pad token-id sequences -> input_ids, attention_mask, both (B, N) int64.
+
+    masks: a sequence's own mask (same length as its ids; a 0 inside leaves that token out:
+    it is neither attended to nor pooled), or None: all ones."""
     n = max(len(s) for s in sequences)
     ids = np.full((len(sequences), n), pad_id, dtype=np.int64)
     mask = np.zeros((len(sequences), n), dtype=np.int64)
-    for row, seq in enumerate(sequences):
+    own = masks if masks is not None else [None] * len(sequences)
+    for row, (seq, m) in enumerate(zip(sequences, own, strict=True)):
         ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
+        mask[row, : len(seq)] = 1 if m is None else m
     return ids, mask
 
 
@@ -57,8 +63,9 @@ class Batch:
         sequences: Sequence[Sequence[int]],
         pad_id: int = 0,
         types: Sequence[Sequence[int] | None] | None = None,
+        masks: Sequence[Sequence[int] | None] | None = None,
     ) -> Batch:
-        ids, mask = pad_batch(sequences, pad_id)
+        ids, mask = pad_batch(sequences, pad_id, masks)
         type_ids = None
         if types is not None and any(t is not None for t in types):
             type_ids = pad_types([t or () for t in types], ids.shape[1])

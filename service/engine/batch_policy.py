@@ -16,6 +16,7 @@ class Item:
     enqueued: float
     deadline: float
     types: Sequence[int] | None = None  # token type ids (text pairs), same length as ids
+    mask: Sequence[int] | None = None  # its own attention mask (0 = left out); None: all ones
     started: float = 0.0  # when its batch began inference
     inference_s: float = 0.0
 

@@ -132,9 +132,11 @@ class DynamicBatcher:
         sequences: Sequence[Sequence[int]],
         deadline: float,
         types: Sequence[Sequence[int]] | None = None,
+        masks: Sequence[Sequence[int]] | None = None,
     ) -> list[Item]:
         """Queue every sequence or none (429 when they don't fit); one item (future) each.
-        deadline: the monotonic time by which its request must be answered."""
+        deadline: the monotonic time by which its request must be answered. masks: each
+        sequence's own attention mask (an explanation leaves tokens out), default all ones."""
         if self._closing:
             raise Unavailable("the server is shutting down", retry_after=1)
         if len(self._queue) + len(sequences) > self.policy.max_queue:
@@ -146,9 +148,10 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         kinds = types if types is not None else [None] * len(sequences)
+        own = masks if masks is not None else [None] * len(sequences)
         items = [
-            Item(seq, loop.create_future(), now, deadline, kind)
-            for seq, kind in zip(sequences, kinds, strict=True)
+            Item(seq, loop.create_future(), now, deadline, kind, mask)
+            for seq, kind, mask in zip(sequences, kinds, own, strict=True)
         ]
         for it in items:
             it.future.add_done_callback(self._on_done)
@@ -256,7 +259,12 @@ class DynamicBatcher:
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[Item]) -> None:
         try:
-            padded = Batch.of([it.ids for it in batch], self._pad_id, [it.types for it in batch])
+            padded = Batch.of(
+                [it.ids for it in batch],
+                self._pad_id,
+                [it.types for it in batch],
+                [it.mask for it in batch],
+            )
             started = time.monotonic()
             for it in batch:
                 it.started = started

@@ -6,6 +6,10 @@ long, too many); the intake does the rest in the same order for every route, so 
 forget a step. Admission happens twice: on a lower bound before tokenising (so a request that
 cannot fit is refused in microseconds) and on the exact counts after it, always before anything
 is queued. `hold` wraps the queueing and what follows it (the /attention budget and pacer).
+
+A request may ask for its sequences to be queued in pieces (`Prepared.pieces`: an explanation's
+hundreds of variants of one text), one after another: each piece is admitted, held and queued
+as a request of its own, so that other traffic is batched between them.
 """
 
 from __future__ import annotations
@@ -39,6 +43,23 @@ class Prepared:
     types: list[list[int]] | None = None
     truncated: int = 0  # how many were cut at the model's length
     extra: Any = None  # what the pipeline wants back (its encodings)
+    masks: list[list[int]] | None = None  # each sequence's own attention mask (default ones)
+    pieces: list[int] | None = None  # queue this many sequences at a time, in turn (sum: all)
+
+    def split(self) -> list[Prepared]:
+        """The pieces to queue one after another (one: the whole)."""
+        if not self.pieces:
+            return [self]
+        if sum(self.pieces) != len(self.sequences) or min(self.pieces) < 1:
+            raise ValueError(f"pieces {self.pieces} do not split {len(self.sequences)} sequences")
+        out, start = [], 0
+        for size in self.pieces:
+            part = slice(start, start + size)
+            types = self.types[part] if self.types is not None else None
+            masks = self.masks[part] if self.masks is not None else None
+            out.append(Prepared(self.sequences[part], types, masks=masks))
+            start += size
+        return out
 
 
 @dataclass
@@ -106,15 +127,17 @@ class Intake:
 
     def _submit(self, prepared: Prepared, deadline: float) -> list[Item]:
         """Every sequence queued in its lane (or none: 429), its item at its own index."""
-        seqs, types = prepared.sequences, prepared.types
+        seqs, types, masks = prepared.sequences, prepared.types, prepared.masks
         lanes = self.lanes([len(x) for x in seqs])
         if len(lanes) == 1:
-            return lanes[0][0].submit(seqs, deadline, types)
+            return lanes[0][0].submit(seqs, deadline, types, masks)
         items: list[Item | None] = [None] * len(seqs)
         queued: list[Item] = []
         try:
             for batcher, idx in lanes:
-                got = batcher.submit(_pick(seqs, idx) or [], deadline, _pick(types, idx))
+                got = batcher.submit(
+                    _pick(seqs, idx) or [], deadline, _pick(types, idx), _pick(masks, idx)
+                )
                 queued += got
                 for i, it in zip(idx, got, strict=True):
                     items[i] = it
@@ -143,7 +166,8 @@ class Intake:
             tokenization_s = time.monotonic() - started
             self.admission.release(promised)
             promised = 0.0
-            promised = self.admit([len(s) for s in prepared.sequences], call)
+            pieces = prepared.split()
+            promised = self.admit([len(s) for s in pieces[0].sequences], call)
         except BaseException:
             self.admission.release(promised)
             raise
@@ -152,17 +176,25 @@ class Intake:
         self._tokenization.observe(tokenization_s)
         if prepared.truncated:
             self._truncated.inc(prepared.truncated)
+        rows: list[Any] = []
+        timings = Timings(tokenization_s)
         try:
-            async with hold(prepared) if hold is not None else contextlib.nullcontext():
-                items = self._submit(prepared, call.deadline)
-                self.admission.release(promised)  # queued: the batchers count it now
-                promised = 0.0
-                rows = await call.wait([it.future for it in items])
-                ran = Ran(rows, prepared, _timings(tokenization_s, items))
-                self._queue.observe(ran.timings.queue_s)
-                for n in ran.lengths:
-                    self._length.observe(n)
-                return await then(ran) if then is not None else ran
+            for k, piece in enumerate(pieces):
+                if k:  # each later piece is admitted as it is queued, like any other work
+                    promised = self.admit([len(s) for s in piece.sequences], call)
+                async with hold(piece) if hold is not None else contextlib.nullcontext():
+                    items = self._submit(piece, call.deadline)
+                    self.admission.release(promised)  # queued: the batchers count it now
+                    promised = 0.0
+                    rows += await call.wait([it.future for it in items])
+                    _add(timings, items)
+                    if k == len(pieces) - 1:  # `then` runs inside the last piece's hold
+                        ran = Ran(rows, prepared, timings)
+                        self._queue.observe(ran.timings.queue_s)
+                        for n in ran.lengths:
+                            self._length.observe(n)
+                        return await then(ran) if then is not None else ran
+            raise AssertionError("a request has at least one piece")
         finally:
             self.admission.release(promised)  # refused by the queue or the hold: withdrawn
 
@@ -171,10 +203,10 @@ def _pick(values: Sequence[Any] | None, idx: list[int]) -> list[Any] | None:
     return None if values is None else [values[i] for i in idx]
 
 
-def _timings(tokenization_s: float, items: Sequence[Item]) -> Timings:
-    return Timings(
-        tokenization_s, max(it.queue_s for it in items), max(it.inference_s for it in items)
-    )
+def _add(timings: Timings, items: Sequence[Item]) -> None:
+    """A piece's wait and run, added to the request's (its items wait and run together)."""
+    timings.queue_s += max(it.queue_s for it in items)
+    timings.inference_s += max(it.inference_s for it in items)
 
 
 # --- Checks every pipeline makes on what a client sends ------------------------------------

@@ -31,3 +31,9 @@ def test_cosines_and_normalisation():
     np.testing.assert_allclose(cosines(a, b), [1.0, -1.0])
     np.testing.assert_allclose(np.linalg.norm(l2_normalize(a), axis=1), 1.0)
     assert np.all(l2_normalize(np.zeros((1, 3))) == 0)  # no NaN for a zero vector
+
+
+def test_a_sequence_may_bring_its_own_mask_which_padding_extends_with_zeros():
+    b = Batch.of([[5, 6, 7], [8, 9]], masks=[[1, 0, 1], None])
+    assert b.attention_mask.tolist() == [[1, 0, 1], [1, 1, 0]]
+    assert b.input_ids.tolist() == [[5, 6, 7], [8, 9, 0]]  # the left-out token keeps its id

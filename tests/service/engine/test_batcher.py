@@ -440,3 +440,20 @@ def test_a_batch_holds_at_most_max_batch_s_of_work_at_the_measured_rate():
     # Before any batch is measured: 0.5 s at the assumed 80 tokens/s is 40 padded tokens.
     assert batches[0] == (4, 10), batches
     assert sum(n for n, _ in batches) == 12
+
+
+def test_a_sequences_own_mask_reaches_the_backend_and_same_length_variants_share_a_batch():
+    async def main():
+        rec = Recorder()
+        b = await started(rec, max_wait_s=0.0)
+        first = await held(rec, b)
+        masks = [[1, 1, 1], [0, 1, 1], [1, 0, 1], [1, 1, 0]]
+        items = b.submit([[2, 3, 4]] * 4, soon(5), masks=masks)
+        rec.gate.set()
+        out = await asyncio.gather(*(it.future for it in first + items))
+        await b.stop()
+        return [int(x) for x in out[1:]], rec.batches
+
+    sums, batches = run(main())
+    assert sums == [9, 7, 6, 5]  # each variant's sum of the ids its mask keeps
+    assert batches == [(1, 1), (4, 3)]  # the four variants: one batch, no padding

@@ -1,0 +1,110 @@
+"""The intake's pieces: a request may ask for its sequences to be queued a piece at a time, each
+admitted, held and queued in turn, so that other requests' work is batched in between."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+import pytest
+
+from service.engine.admission import Admission
+from service.engine.batch_policy import BatchPolicy
+from service.engine.batcher import DynamicBatcher
+from service.metrics import Metrics
+from service.pipelines.base import Intake, Prepared
+from service.pipelines.call import Call
+from service.tensors import Batch
+
+
+class Gate:
+    """Records each batch's rows (the ids each mask keeps); holds a batch while `open` is clear."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[list[int]]] = []
+        self.open = threading.Event()
+        self.open.set()
+        self.entered = threading.Event()
+
+    def __call__(self, batch: Batch) -> list[int]:
+        self.entered.set()
+        assert self.open.wait(10)
+        kept = [row[m == 1].tolist() for row, m in zip(batch.input_ids, batch.attention_mask, strict=True)]
+        self.batches.append(kept)
+        return [sum(k) for k in kept]
+
+
+def intake(gate: Gate) -> Intake:
+    policy = BatchPolicy(max_wait_s=0.0, max_padding_ratio=1.0)
+    batcher = DynamicBatcher(gate, policy)
+    admission = Admission(30.0, 0.1)
+    admission.batchers.append(batcher)
+    batcher.start()
+    return Intake(batcher, admission, Metrics(), "test", "m")
+
+
+def test_split_slices_sequences_types_and_masks_alike():
+    p = Prepared([[1], [2], [3]], [[0], [1], [0]], masks=[[1], [0], [1]], pieces=[2, 1])
+    first, second = p.split()
+    assert first.sequences == [[1], [2]] and first.types == [[0], [1]] and first.masks == [[1], [0]]
+    assert second.sequences == [[3]] and second.masks == [[1]]
+    assert Prepared([[1]]).split()[0].sequences == [[1]]
+    with pytest.raises(ValueError, match="do not split"):
+        Prepared([[1], [2]], pieces=[1]).split()
+
+
+def test_pieces_are_queued_one_after_another_and_the_rows_come_back_in_order():
+    gate = Gate()
+    held: list[int] = []
+
+    @contextlib.asynccontextmanager
+    async def hold(piece: Prepared):
+        held.append(len(piece.sequences))
+        yield
+
+    async def main():
+        it = intake(gate)
+        masks = [[1, 1, 1], [0, 1, 1], [1, 0, 1], [1, 1, 0], [1, 1]]
+        prepared = Prepared([[2, 3, 4]] * 4 + [[7, 7]], masks=masks, pieces=[2, 2, 1])
+
+        async def ready() -> Prepared:
+            return prepared
+
+        ran = await it.run(Call.within(10), ready, hold=hold)
+        await it.batcher.stop()
+        return ran
+
+    ran = asyncio.run(main())
+    assert [int(r) for r in ran.rows] == [9, 7, 6, 5, 14]
+    assert held == [2, 2, 1]
+    assert gate.batches == [[[2, 3, 4], [3, 4]], [[2, 4], [2, 3]], [[7, 7]]]
+    assert ran.prepared.sequences[4] == [7, 7]
+
+
+def test_another_requests_work_runs_between_two_pieces():
+    gate = Gate()
+
+    async def main():
+        it = intake(gate)
+        gate.open.clear()  # the first piece is held in the backend
+        prepared = Prepared([[5, 5]] * 4, pieces=[2, 2])
+
+        async def ready() -> Prepared:
+            return prepared
+
+        explained = asyncio.ensure_future(it.run(Call.within(10), ready))
+        assert await asyncio.to_thread(gate.entered.wait, 10)
+
+        async def other() -> Prepared:
+            return Prepared([[1, 2, 3]])
+
+        encoded = asyncio.ensure_future(it.run(Call.within(10), other))
+        while it.batcher.depth == 0:  # the other request is queued behind the first piece
+            await asyncio.sleep(0)
+        gate.open.set()
+        await asyncio.gather(explained, encoded)
+        await it.batcher.stop()
+
+    asyncio.run(main())
+    assert gate.batches == [[[5, 5], [5, 5]], [[1, 2, 3]], [[5, 5], [5, 5]]]

@@ -5,6 +5,12 @@ Budget: the layers x heads x tokens² of every call in flight together stay unde
 Retry-After at once. Pacer: calls run one at a time, and after a call that took t seconds the
 next starts no sooner than t x (1/share - 1) later, so /attention's graph, statistics and
 serialisation take at most `share` of the time, whatever the number of clients.
+
+A pacer may be given the serving traffic's activity (a count of texts queued by others): then it
+pauses only when others queued work since the last call began. Its calls share the serving
+batcher (explanations), so a pause while nobody else wants the cores would only slow them down;
+an /encode that arrives meanwhile waits for at most the one call running, and the pause after
+it is taken in full.
 """
 
 from __future__ import annotations
@@ -58,11 +64,17 @@ class Budget:
 
 
 class Pacer:
-    def __init__(self, share: float) -> None:
+    def __init__(self, share: float, activity: Callable[[], int] | None = None) -> None:
         self.share = share
         self._lock = asyncio.Lock()
         self._next = 0.0  # monotonic time the next call may start
         self.last_s = 0.0  # how long the last call took
+        self._activity = activity  # others' work queued so far (None: always pause)
+        self._seen = 0  # the activity when the last call began
+        self.paused_s = 0.0  # pauses taken, in all (tests, bench)
+
+    def _others_came(self) -> bool:
+        return self._activity is None or self._activity() != self._seen
 
     @property
     def wait_s(self) -> float:
@@ -73,8 +85,11 @@ class Pacer:
     async def turn(self) -> AsyncIterator[None]:
         async with self._lock:
             delay = self._next - time.monotonic()
-            if delay > 0:
+            if delay > 0 and self._others_came():
                 await asyncio.sleep(delay)  # the pause that gives the cores back to serving
+                self.paused_s += delay
+            if self._activity is not None:
+                self._seen = self._activity()
             started = time.monotonic()
             try:
                 yield

@@ -134,7 +134,7 @@ class AttentionPipeline:
     async def _prepare(self, call: Call, q: Query) -> Prepared:
         """The text (or pair) as token ids, within /attention's own bounds."""
         s = self.settings
-        limit = min(s.attention_max_tokens, self.manifest.max_length)
+        limit = self.limit()
         if q.pair is None:
             (enc,), _ = await call.tokenize(self.backend.tokenize, [q.text])
         else:
@@ -191,6 +191,45 @@ class AttentionPipeline:
         result: Rendered = await self.intake.run(
             call, lambda: self._prepare(call, q), hold=self._hold, then=render
         )
+        return result
+
+    def limit(self) -> int:
+        """Tokens an input may have here."""
+        return min(self.settings.attention_max_tokens, self.manifest.max_length)
+
+    def unavailable(self, n: int) -> str | None:
+        """Why an already tokenised input of n tokens cannot be looked at here (None: it can)."""
+        computed = self.manifest.num_layers * self.manifest.num_heads * n * n
+        if n > self.limit():
+            return (
+                f"{n} tokens: more than the {self.limit()} /attention looks at "
+                "(HEADWISE_ATTENTION_MAX_TOKENS)"
+            )
+        if computed > self.budget.limit:
+            return (
+                f"{computed} attention numbers: more than all /attention calls may hold "
+                "(HEADWISE_ATTENTION_BUDGET_NUMBERS)"
+            )
+        return None
+
+    async def rollout(self, call: Call, ids: list[int], types: list[int] | None) -> np.ndarray:
+        """Attention rollout over an already tokenised input, as /attention's importance
+        computes it (anchored on [CLS]), under /attention's own budget and CPU share -> (n,)."""
+        prepared = Prepared([ids], [types] if types is not None else None)
+
+        async def ready() -> Prepared:
+            return prepared
+
+        async def importance(ran: Ran[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+            ((_, maps),) = ran.rows
+            anchor = _index_of(ids, self.manifest.special_tokens.cls)
+            n = len(ids)
+            out: np.ndarray = await call.offload(
+                analysis.rollout, maps[:, :, :n, :n], anchor if anchor is not None else 0
+            )
+            return out
+
+        result: np.ndarray = await self.intake.run(call, ready, hold=self._hold, then=importance)
         return result
 
     def _render(

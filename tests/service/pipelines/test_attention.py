@@ -230,3 +230,36 @@ def test_head_stats_layer_by_layer_equal_the_whole_array_at_once():
     np.testing.assert_allclose(stats["entropy"], -(p * np.log(p)).sum(-1).mean(-1))
     np.testing.assert_allclose(stats["cls_mass"], p[..., 0].mean(-1))
     assert all(v.shape == (3, 2) for v in stats.values())
+
+
+def test_a_pacer_given_the_serving_activity_pauses_only_when_others_queued_work(monkeypatch):
+    from service.pipelines.attention import limits
+
+    class Clock:  # each call "computes" one second; the pauses are a hundredth of that
+        t = 0.0
+
+        def monotonic(self) -> float:
+            return self.t
+
+    clock = Clock()
+    monkeypatch.setattr(limits, "time", clock)
+    queued_by_others = [0]
+
+    async def calls(pacer: limits.Pacer, n: int, others_meanwhile: bool = False) -> None:
+        for _ in range(n):
+            async with pacer.turn():
+                clock.t += 1.0
+                queued_by_others[0] += others_meanwhile
+
+    async def main():
+        pacer = limits.Pacer(0.99, lambda: queued_by_others[0])
+        await calls(pacer, 3)  # nobody else: no pause, whatever the share
+        alone = pacer.paused_s
+        await calls(pacer, 2, others_meanwhile=True)  # an /encode arrived during each call
+        strict = limits.Pacer(0.99)  # /attention's: always
+        await calls(strict, 2)
+        return alone, pacer.paused_s, strict.paused_s
+
+    alone, busy, strict = asyncio.run(main())
+    assert alone == 0
+    assert busy == pytest.approx(1 / 0.99 - 1) and strict == pytest.approx(1 / 0.99 - 1)

@@ -30,6 +30,7 @@ from service.pipelines.attention.pipeline import AttentionPipeline
 from service.pipelines.base import Intake
 from service.pipelines.call import Drain
 from service.pipelines.embed import EmbedPipeline
+from service.pipelines.explain.pipeline import ExplainPipeline
 from service.pipelines.outputs import OutputsPipeline, expansion_pad, outputs_infer
 from service.pipelines.score import ScorePipeline
 from service.settings import Settings
@@ -47,13 +48,22 @@ MULTI_VECTOR_BYTES_PER_NUMBER = 32
 # What a route needs of a model. Any model can "tokenize". "embed" is a dense vector; an
 # embedding model may have sparse or token-vector outputs besides, or instead ("encode": any).
 Capability = Literal[
-    "embed", "rerank", "classify", "attention", "tokenize", "encode", "sparse", "multi_vector"
+    "embed",
+    "rerank",
+    "classify",
+    "attention",
+    "explain",
+    "tokenize",
+    "encode",
+    "sparse",
+    "multi_vector",
 ]
 WANTED: dict[Capability, str] = {
     "embed": "an embedding model",
     "rerank": "a reranker",
     "classify": "a classifier",
     "attention": "a model with its attention graph (HEADWISE_ATTENTION_ENABLED)",
+    "explain": "an embedding model with a dense vector, a reranker or a classifier",
     "tokenize": "any model",
     "encode": "an embedding model (dense, sparse or multi-vector)",
     "sparse": "a model with a sparse output (SPLADE, bge-m3)",
@@ -115,6 +125,7 @@ class Model:
     embed: EmbedPipeline | None = None
     score: ScorePipeline | None = None  # rerank or classify
     attention: AttentionPipeline | None = None
+    explain: ExplainPipeline | None = None
     batchers: list[DynamicBatcher] = field(default_factory=list)
     outputs: OutputsPipeline | None = None  # sparse and token vectors (and dense) at once
 
@@ -132,6 +143,8 @@ class Model:
             caps.add("rerank" if self.task == "rerank" else "classify")
         if self.attention is not None:
             caps.add("attention")
+        if self.explain is not None:
+            caps.add("explain")
         return caps
 
     @property
@@ -222,6 +235,23 @@ def build_model(
         own = Admission(settings.request_timeout_s, 1.0)
         model.attention = AttentionPipeline(name, backend, settings, metrics, own)
         model.batchers.append(model.attention.batcher)
+    if model.score is None and "dense" not in manifest.outputs:
+        return model  # explanations compare dense vectors (or scores)
+    serving = model.embed or model.score
+    assert serving is not None
+    # Explanations run on the serving batchers (and lanes), with their traffic; their pacer
+    # yields to the work others queue on any serving batcher of the device (the admission's).
+    lanes = serving.intake
+    model.explain = ExplainPipeline(
+        name,
+        backend,
+        Intake(lanes.batcher, admission, metrics, "explain", name, lanes.long, lanes.long_tokens),
+        settings,
+        lambda: sum(b.submitted for b in admission.batchers if isinstance(b, DynamicBatcher)),
+        embed=model.embed,
+        score=model.score,
+        attention=model.attention,
+    )
     return model
 
 

@@ -167,6 +167,30 @@ class Settings(BaseSettings):
         description="most of the CPU /attention may take: after a call, the next waits",
     )
 
+    # Explanations (occlusion)
+    explain_max_work: int = Field(
+        131_072,
+        ge=1,
+        description="tokens x forward passes of one /explain request (the text, then the text "
+        "with each part left out); then 413",
+    )
+    explain_cpu_share: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="most of the time /explain may compute while other requests queue work: "
+        "after a piece of t s the next waits t x (1/share - 1); no pause while nobody else does",
+    )
+    explain_batch_tokens: int = Field(
+        2048,
+        ge=1,
+        description="tokens of one explanation's variants queued at once (one batch, no "
+        "padding): the longest other requests wait behind an explanation",
+    )
+    explain_queue: int = Field(
+        4, ge=1, description="/explain requests in flight at once; more are answered 429"
+    )
+
     # Security
     api_key: SecretStr | None = Field(
         None, description="Bearer key for all but health/ready/metrics"

@@ -87,6 +87,8 @@ def limits(s: Settings) -> dict[str, Any]:
         "attention_max_numbers": s.attention_max_numbers,
         "attention_budget_numbers": s.attention_budget_numbers,
         "attention_cpu_share": s.attention_cpu_share,
+        "explain_max_work": s.explain_max_work,
+        "explain_cpu_share": s.explain_cpu_share,
         "capacity_tokens_per_s": s.capacity_tokens_per_s,
         "multi_vector_max_numbers": s.multi_vector_max_numbers,
         "multi_vector_budget_numbers": s.multi_vector_budget_numbers,

@@ -81,6 +81,14 @@ ROUTES: tuple[Route, ...] = (
         media_type="image/png",
     ),
     Route(
+        "/explain",
+        HEADWISE,
+        one(native_schemas.ExplainRequest, native_handlers.explain, native_schemas.ExplainResponse),
+        capability="explain",
+        summary="Which words drove an embedding, a similarity or a score: occlusion importance "
+        "beside attention rollout, per token or word",
+    ),
+    Route(
         "/attention/view",
         HEADWISE,
         one(None, native_handlers.attention_view, None),

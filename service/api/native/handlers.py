@@ -17,6 +17,7 @@ from service.api.native.schemas import (
     AttentionRequest,
     ChunkingOptions,
     EncodeRequest,
+    ExplainRequest,
     TokenizeDetailsRequest,
 )
 from service.errors import InvalidInput
@@ -97,6 +98,45 @@ async def attention(ctx: Context, body: AttentionRequest) -> Response:
 async def _pieces(body: list[bytes]) -> AsyncIterator[bytes]:
     for piece in body:
         yield piece
+
+
+async def explain(ctx: Context, body: ExplainRequest) -> Response:
+    name = body.model
+    if name is None:  # the first model that explains this form
+        takes = (m for m in ctx.registry if m.explain and body.form in m.explain.forms)
+        name = next((m.name for m in takes), None)
+    model = ctx.model(name)
+    pipe = model.explain
+    assert pipe is not None
+    q = pipe.question(body.form, body.texts, body.granularity, body.target, body.truncate)
+    out = await pipe.explain(ctx.call, q)
+    parts = [
+        [
+            {
+                "text": text[p.start : p.stop],
+                "start": p.start,
+                "stop": p.stop,
+                "importance": importance,
+                "attention": attention[i] if attention is not None else None,
+            }
+            for i, (p, importance) in enumerate(zip(ps, imps, strict=True))
+        ]
+        for text, ps, imps, attention in zip(
+            out.texts, out.parts, out.importance, out.attention, strict=True
+        )
+    ]
+    payload: dict[str, object] = {"model": model.name, "granularity": q.granularity}
+    if out.score is not None:
+        payload["score"] = out.score
+    if out.target is not None:
+        payload["target"] = out.target
+    payload |= {
+        "parts": parts,
+        "spearman": out.spearman,
+        "truncated": out.truncated,
+        "attention_note": out.attention_note,
+    }
+    return ctx.respond(payload, out.timings)
 
 
 async def attention_view(ctx: Context, body: None = None) -> Response:

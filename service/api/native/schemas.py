@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    WithJsonSchema,
+    model_validator,
+)
 
 from service.api.fields import Dimensions, ModelName, Strict, Text, Texts
 
@@ -204,3 +212,96 @@ class AttentionResponse(BaseModel):
     sequence_ids: list[int | None] | None = None
     boundary: int | None = None
     embedding: list[float] | None = None
+
+
+FORMS = ("input", "pair", "similarity")
+# The forms are documented without null (one of them is sent; null is taken as absent).
+TWO_TEXTS = {"type": "array", "prefixItems": [{"type": "string"}] * 2, "minItems": 2, "maxItems": 2}
+OneText = Annotated[Text | None, WithJsonSchema({"type": "string"})]
+TwoTexts = Annotated[tuple[Text, Text] | None, WithJsonSchema(TWO_TEXTS)]
+
+
+class ExplainRequest(Strict):
+    """Exactly one of `input`, `pair`, `similarity`."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"oneOf": [{"required": [f]} for f in FORMS]}
+    )
+
+    input: OneText = Field(
+        None, description="one text: an embedder's embedding, or a classifier's label"
+    )
+    pair: TwoTexts = Field(
+        None,
+        description="[query, document] as one sequence, as /rerank scores it: a reranker's "
+        "relevance or a classifier's label (an embedder takes similarity instead: 400)",
+    )
+    similarity: TwoTexts = Field(
+        None, description="[a, b]: an embedder's cosine similarity of two texts"
+    )
+    model: ModelName = None
+    granularity: Literal["token", "word"] = Field(
+        "token",
+        description="leave out one token at a time, or one of the tokenizer's words (all its "
+        "tokens at once)",
+    )
+    target: Text | None = Field(
+        None, description="a classifier's label to explain; default: its top label"
+    )
+    truncate: StrictBool = Field(
+        True, description="cut at the model's max length; false: 413 instead"
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ExplainRequest:
+        given = [f for f in FORMS if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "send exactly one of input (a text), pair ([query, document]) or similarity "
+                f"([a, b]); got {' and '.join(given) or 'none'}"
+            )
+        return self
+
+    @property
+    def form(self) -> Literal["input", "pair", "similarity"]:
+        if self.pair is not None:
+            return "pair"
+        return "similarity" if self.similarity is not None else "input"
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return self.pair or self.similarity or (self.input or "",)
+
+
+class ExplainPart(BaseModel):
+    text: str = Field(description="the part as it is written in its text")
+    start: int = Field(description="[start, stop): character offsets into its text")
+    stop: int
+    importance: float = Field(description="how much leaving it out changes the output")
+    attention: float | None = Field(
+        description="attention rollout (as /attention's importance) summed over its tokens; "
+        "null when the model has no attention graph here"
+    )
+
+
+class ExplainResponse(BaseModel):
+    model: str
+    granularity: Literal["token", "word"]
+    score: float | None = Field(
+        None,
+        description="unperturbed: the cosine (similarity), the relevance (a reranker's pair), "
+        "the target's probability (a classifier); absent for an embedder's one text",
+    )
+    target: str | None = Field(None, description="the label explained (classifiers)")
+    parts: list[list[ExplainPart]] = Field(
+        description="one list per text (input: one; pair, similarity: two); special tokens "
+        "are no parts"
+    )
+    spearman: list[float | None] = Field(
+        description="per text, the rank correlation of importance and attention over its "
+        "parts (ties averaged); null where undefined"
+    )
+    truncated: bool
+    attention_note: str | None = Field(
+        None, description="why attention is null, when it is"
+    )

@@ -68,6 +68,11 @@ BAD_REQUESTS = [
     ("/attention", b'{"input": "x", "heads": [99]}', JSON, 422, "0..3"),
     ("/attention", b'{"input": "x", "format": "gif"}', JSON, 422, "format"),
     ("/attention", b'{"input": "x", "layers": 0}', JSON, 422, "layers"),
+    ("/explain", b'{"input": "x", "pair": ["a", "b"]}', JSON, 422, "exactly one of"),
+    ("/explain", b'{"pair": ["a", 1]}', JSON, 422, "pair"),
+    ("/explain", b'{"input": "x", "target": 3}', JSON, 422, "target"),
+    ("/explain", b'{"input": "x", "granularity": "char"}', JSON, 422, "granularity"),
+    ("/explain", b'{"pair": ["a", "b"]}', JSON, 400, "`similarity`"),
 ]
 
 
@@ -138,7 +143,9 @@ json_values = st.recursive(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
-    path=st.sampled_from(["/encode", "/v1/embeddings", "/tokenize/details", "/attention"]),
+    path=st.sampled_from(
+        ["/encode", "/v1/embeddings", "/tokenize/details", "/attention", "/explain"]
+    ),
     body=st.one_of(
         json_values,
         st.dictionaries(
@@ -152,6 +159,10 @@ json_values = st.recursive(
                     "heads",
                     "truncate",
                     "encoding_format",
+                    "pair",
+                    "similarity",
+                    "granularity",
+                    "target",
                 ]
             ),
             json_values,

@@ -1,0 +1,293 @@
+"""Which parts of a text drove an embedding, a similarity or a score: occlusion, next to attention.
+
+The text is run whole and once with each part (a token, or a word) left out, its mask entries 0,
+on the served graph, through the model's own serving batcher with other traffic: one intake
+call whose variants are queued a batch at a time (same length, no padding). Between batches a
+pacer gives the cores back to other requests (`HEADWISE_EXPLAIN_CPU_SHARE`, only while others
+queue work). The attention importance beside it is /attention's rollout of the whole text,
+summed over each part's tokens, from the unfused graph under /attention's own bounds.
+
+importance of a part:
+  embedder, one text:   1 - cos(e(text), e(text without the part))
+  embedder, two texts:  cos(a, b) - cos(a without the part, b)   (and so for b's parts)
+  reranker, classifier: score(text) - score(text without the part); a reranker's score is its
+                        relevance (sigmoid of the logit), a classifier's the target's probability
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from tokenizers import Encoding
+
+from service.engine.runtime import Backend
+from service.errors import Overloaded, PayloadTooLarge
+from service.pipelines.attention.limits import Pacer
+from service.pipelines.attention.pipeline import AttentionPipeline
+from service.pipelines.base import Intake, Prepared, Ran, check_texts
+from service.pipelines.call import Call, Timings
+from service.pipelines.embed import EmbedPipeline
+from service.pipelines.explain import importance
+from service.pipelines.explain.parts import Granularity, Part, occluded, parts_of, spearman
+from service.pipelines.explain.question import FORMS, Form, Question, check_form, check_target
+from service.pipelines.score import ScorePipeline
+from service.settings import Settings
+
+
+@dataclass
+class Subject:
+    """One sequence the graph runs, whole and with each of its parts left out."""
+
+    ids: list[int]
+    types: list[int] | None
+    parts: list[Part]
+
+
+@dataclass
+class Explained:
+    texts: tuple[str, ...]
+    parts: list[list[Part]]  # per text
+    importance: list[list[float]]  # per text, per part
+    attention: list[list[float] | None]  # per text, per part (None: no attention to compare)
+    spearman: list[float | None]
+    score: float | None  # the unperturbed score (none for an embedder's one text)
+    target: str | None  # the label a classifier's score is the probability of
+    truncated: bool
+    attention_note: str | None  # why attention is missing, when it is
+    timings: Timings = field(default_factory=Timings)
+
+
+class ExplainPipeline:
+    def __init__(
+        self,
+        name: str,
+        backend: Backend,
+        intake: Intake,
+        settings: Settings,
+        activity: Callable[[], int],
+        embed: EmbedPipeline | None = None,
+        score: ScorePipeline | None = None,
+        attention: AttentionPipeline | None = None,
+    ) -> None:
+        self.name = name
+        self.backend = backend
+        self.intake = intake
+        self.settings = settings
+        self.manifest = backend.manifest
+        self.embed = embed
+        self.score = score
+        self.attention = attention
+        self.forms = FORMS[self.manifest.task]
+        self.types = "token_type_ids" in self.manifest.inputs
+        self.queued = 0  # variants this pipeline queued (the pacer counts only others' work)
+        self.pacer = Pacer(settings.explain_cpu_share, lambda: activity() - self.queued)
+        self.inflight = 0
+
+    # --- what needs no tokenizer -----------------------------------------------------------
+
+    def question(
+        self,
+        form: Form,
+        texts: tuple[str, ...],
+        granularity: Granularity,
+        target: str | None,
+        truncate: bool,
+    ) -> Question:
+        task = self.manifest.task
+        check_form(self.name, task, form)
+        check_texts(list(texts), self.settings, form)
+        check_target(self.name, task, target, self.score.labels if self.score else [])
+        return Question(form, texts, granularity, target, truncate)
+
+    # --- tokenise, bound, and the variants -------------------------------------------------
+
+    async def _tokenized(self, call: Call, q: Question) -> tuple[list[Encoding], str]:
+        """The encodings (one per sequence) and the prompt before each text (an embedder's
+        default, as /encode gives it)."""
+        if q.form == "pair":
+            pairs = [(q.texts[0], q.texts[1])]
+            encodings, _ = await call.tokenize(self.backend.tokenize_pairs, pairs)
+            return encodings, ""
+        prompt = self.embed.prompt(None) if self.embed is not None else ""
+        encodings, _ = await call.tokenize(self.backend.tokenize, [prompt + t for t in q.texts])
+        return encodings, prompt
+
+    def _too_long(self, q: Question, encodings: list[Encoding]) -> None:
+        limit = self.manifest.max_length
+        for i, enc in enumerate(encodings):
+            if enc.overflowing and not q.truncate:
+                what = {"pair": "the pair", "input": "the input"}.get(q.form, f"similarity text {i}")
+                raise PayloadTooLarge(
+                    f"{what} has more than {limit} tokens, the model's limit "
+                    "(send truncate: true to cut it)",
+                    param="truncate",
+                )
+
+    def _subjects(self, q: Question, encodings: list[Encoding], prompt: str) -> list[Subject]:
+        out = []
+        g = q.granularity
+        for i, enc in enumerate(encodings):
+            types = enc.type_ids if self.types else None
+            if q.form == "pair":
+                parts = parts_of(enc, 0, q.texts[0], 0, g) + parts_of(enc, 1, q.texts[1], 1, g)
+            else:
+                parts = parts_of(enc, 0, prompt + q.texts[i], i, g, len(prompt))
+            out.append(Subject(enc.ids, types, parts))
+        return out
+
+    def _bound(self, subjects: list[Subject]) -> None:
+        """HEADWISE_EXPLAIN_MAX_WORK, and the deadline at the measured throughput: 413."""
+        work = sum(len(s.ids) * (1 + len(s.parts)) for s in subjects)
+        limit = self.settings.explain_max_work
+        shape = " + ".join(f"{len(s.ids)} tokens x {1 + len(s.parts)} passes" for s in subjects)
+        if work > limit:
+            raise PayloadTooLarge(
+                f"this explanation computes {shape} = {work} tokens x passes; the limit is "
+                f"{limit} (HEADWISE_EXPLAIN_MAX_WORK): send a shorter text, or granularity: "
+                "word (one pass per word)",
+                param="granularity",
+            )
+        batcher = self.intake.batcher
+        rate = batcher.throughput
+        lengths = [len(s.ids) for s in subjects for _ in range(1 + len(s.parts))]
+        seconds = batcher.cost(lengths) / rate.tokens_per_s
+        timeout = self.settings.request_timeout_s
+        if seconds > timeout:
+            source = "measured" if rate.measured else "assumes (HEADWISE_CAPACITY_TOKENS_PER_S)"
+            raise PayloadTooLarge(
+                f"this explanation computes {work} tokens x passes: about {seconds:.0f} s at "
+                f"the {rate.tokens_per_s:.0f} tokens/s this server {source}, past the request "
+                f"deadline of {timeout:g} s (HEADWISE_REQUEST_TIMEOUT_S): send a shorter "
+                "text, or granularity: word",
+                param="granularity",
+            )
+
+    def _variants(self, subjects: list[Subject]) -> Prepared:
+        """Every subject whole, then with each part left out; queued a batch at a time."""
+        sequences, types, masks, pieces = [], [], [], []
+        policy = self.intake.batcher.policy
+        for s in subjects:
+            n = len(s.ids)
+            own = occluded(n, s.parts)
+            sequences += [s.ids] * len(own)
+            types += [s.types or []] * len(own)
+            masks += own
+            per = max(1, min(policy.max_batch_size, self.settings.explain_batch_tokens // n))
+            pieces += [min(per, len(own) - k) for k in range(0, len(own), per)]
+        return Prepared(sequences, types if self.types else None, masks=masks, pieces=pieces)
+
+    async def _prepare(self, call: Call, q: Question) -> Prepared:
+        encodings, prompt = await self._tokenized(call, q)
+        self._too_long(q, encodings)
+        subjects = self._subjects(q, encodings, prompt)
+        self._bound(subjects)
+        prepared = self._variants(subjects)
+        prepared.truncated = sum(bool(e.overflowing) for e in encodings)
+        prepared.extra = subjects
+        return prepared
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, piece: Prepared) -> AsyncIterator[None]:
+        """A piece's turn: after the last one's pause, if others queued work meanwhile."""
+        async with self.pacer.turn():
+            self.queued += len(piece.sequences)
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[None]:
+        limit = self.settings.explain_queue
+        if self.inflight >= limit:
+            raise Overloaded(
+                f"{self.inflight} explanations are in flight, the limit "
+                "(HEADWISE_EXPLAIN_QUEUE): retry later",
+                retry_after=max(1.0, self.pacer.wait_s),
+            )
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+
+    # --- the answer ------------------------------------------------------------------------
+
+    async def explain(self, call: Call, q: Question) -> Explained:
+        async with self._admitted():
+            ran: Ran[np.ndarray] = await self.intake.run(
+                call, lambda: self._prepare(call, q), hold=self._turn
+            )
+            subjects: list[Subject] = ran.prepared.extra
+            values, score, target = self._importance(q, subjects, np.stack(ran.rows))
+            attention, note = await self._attention(call, q, subjects)
+        parts: list[list[Part]] = [[] for _ in q.texts]
+        per_text: list[list[float]] = [[] for _ in q.texts]
+        for s, v in zip(subjects, values, strict=True):
+            for p, x in zip(s.parts, v, strict=True):
+                parts[p.text].append(p)
+                per_text[p.text].append(float(x))
+        return Explained(
+            texts=q.texts,
+            parts=parts,
+            importance=per_text,
+            attention=attention,
+            spearman=[spearman(i, a) for i, a in zip(per_text, attention, strict=True)],
+            score=score,
+            target=target,
+            truncated=bool(ran.prepared.truncated),
+            attention_note=note,
+            timings=ran.timings,
+        )
+
+    def _importance(
+        self, q: Question, subjects: list[Subject], rows: np.ndarray
+    ) -> tuple[list[np.ndarray], float | None, str | None]:
+        """Per subject, each part's importance; the unperturbed score; the target label."""
+        blocks, start = [], 0
+        for s in subjects:  # each subject's rows: whole first, then a part left out each
+            blocks.append(rows[start : start + 1 + len(s.parts)].astype(np.float64))
+            start += 1 + len(s.parts)
+        if self.manifest.task == "embed":
+            if q.form == "input":
+                return [importance.of_embedding(blocks[0])], None, None
+            whole, a, b = importance.of_similarity(*blocks)
+            return [a, b], whole, None
+        assert self.score is not None
+        (block,) = blocks
+        target = None
+        if self.manifest.task == "rerank":
+            scores = self.score.relevance(block)
+        else:
+            probabilities = self.score.probabilities(block)
+            labels = self.score.labels
+            target = q.target or labels[int(np.argmax(probabilities[0]))]
+            scores = probabilities[:, labels.index(target)]
+        whole, lost = importance.of_score(scores)
+        return [lost], whole, target
+
+    async def _attention(
+        self, call: Call, q: Question, subjects: list[Subject]
+    ) -> tuple[list[list[float] | None], str | None]:
+        """Per text, each part's attention rollout (its tokens' sum); None, and why, when
+        there is none to compare with."""
+        none: list[list[float] | None] = [None for _ in q.texts]
+        pipe = self.attention
+        if pipe is None:
+            why = (
+                "attention maps are switched off (HEADWISE_ATTENTION_ENABLED)"
+                if not self.settings.attention_enabled
+                else f"model {self.name!r}'s bundle has no attention graph"
+            )
+            return none, why
+        for s in subjects:
+            if (reason := pipe.unavailable(len(s.ids))) is not None:
+                return none, reason
+        out: list[list[float]] = [[] for _ in q.texts]
+        for s in subjects:
+            rollout = await pipe.rollout(call, s.ids, s.types)
+            for p in s.parts:
+                value = float(rollout[list(p.positions)].sum())
+                out[p.text].append(value if math.isfinite(value) else 0.0)
+        return list(out), None

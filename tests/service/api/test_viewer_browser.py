@@ -414,3 +414,134 @@ def test_a_pair_is_split_where_the_document_starts_and_the_model_can_be_chosen(
         assert not errors, errors
     finally:
         context.close()
+
+
+@pytest.fixture(scope="module")
+def live_explain(
+    browser, tiny_bundle: Path, ranker_bundle: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Live]:
+    """An embedder and a reranker: a pair's explanation, and two texts' similarity."""
+    tmp = tmp_path_factory.mktemp("viewer-explain")
+    with serve([str(tiny_bundle), f"ranker={ranker_bundle}"], tmp, ready_s=60) as server:
+        yield server
+
+
+DARKEST_RED = (0x67, 0x00, 0x0D)  # the other end of the occlusion scale: the output is closer without it
+
+
+def rgb(css: str) -> tuple[int, int, int]:
+    r, g, b = (int(x) for x in css[css.index("(") + 1 : css.index(")")].split(",")[:3])
+    return r, g, b
+
+
+def shown_parts(page, text: int, kind: str) -> list[dict]:
+    """Each shaded part of one row: its words, value and background colour as drawn."""
+    return page.evaluate(
+        """([text, kind]) => [...document.querySelectorAll(
+            `#explain .xtext[data-text='${text}'] .xrow[data-kind='${kind}'] .part`)].map((s) => ({
+                text: s.textContent, value: s.dataset.value === "" ? null : +s.dataset.value,
+                bg: getComputedStyle(s).backgroundColor, title: s.title }))""",
+        [text, kind],
+    )
+
+
+def test_a_pairs_words_are_shaded_by_occlusion_and_by_attention_side_by_side(
+    browser, live_explain: Live
+) -> None:
+    from io import BytesIO
+
+    from PIL import Image
+
+    context = browser.new_context(viewport={"width": 1360, "height": 900}, accept_downloads=True)
+    context.set_default_timeout(WAIT_MS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    sent: list[dict] = []
+    page.on(
+        "request",
+        lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/explain") else None,
+    )
+    query, doc = "where does the cat sleep?", "the cat sleeps on a warm mat, purring."
+    try:
+        page.goto(f"{live_explain.url}/attention/view")
+        page.wait_for_function("document.querySelectorAll('#modelsel option').length === 2")
+        page.select_option("#modelsel", "ranker")
+        page.fill("#text", query)
+        page.fill("#pair", doc)
+        page.click("#show")
+        wait_state(page, "ready")
+        page.wait_for_selector("#explain-card[data-state='ready']")
+        body = {"model": "ranker", "granularity": "word", "truncate": True, "pair": [query, doc]}
+        assert sent == [body]  # a reranker explains the pair, a word at a time by default
+        want = httpx.post(f"{live_explain.url}/explain", json=body, timeout=30).json()
+
+        # Each text twice: every word shaded by its occlusion importance, and by its attention.
+        everything = {"occlusion": [], "attention": []}
+        for t, parts in enumerate(want["parts"]):
+            for kind, key in (("occlusion", "importance"), ("attention", "attention")):
+                shown = shown_parts(page, t, kind)
+                assert [s["text"] for s in shown] == [p["text"] for p in parts]
+                for s, p in zip(shown, parts, strict=True):
+                    assert s["value"] == pytest.approx(p[key], abs=1e-9)
+                    assert f"{p['importance']:.4f}" in s["title"] and f"{p['attention']:.4f}" in s["title"]
+                    everything[kind].append((p[key], rgb(s["bg"])))
+            lines = page.locator(f"#explain .xtext[data-text='{t}'] .xrow .line").all_inner_texts()
+            assert lines == [(query, doc)[t]] * 2  # the text as written, spaces and all
+            rho = page.locator(f"#explain .xtext[data-text='{t}'] .rho")
+            assert float(rho.get_attribute("data-rho")) == pytest.approx(want["spearman"][t])
+            assert f"ρ {want['spearman'][t]:.3f}" in rho.inner_text()
+        assert f"relevance {want['score']:.4f}" in page.locator("#explain-summary").inner_text()
+
+        # The shading follows the values: the largest attention is the darkest blue and a larger
+        # one is never lighter; occlusion is blue where the output needed the word, red where it
+        # is closer without it, the largest magnitude at the darkest end of its side.
+        by_attention = sorted(everything["attention"], key=lambda x: x[0])
+        assert by_attention[-1][1] == DARKEST
+        sums = [sum(c) for _, c in by_attention]
+        assert all(a >= b for a, b in pairwise(sums)), "a larger attention drawn lighter"
+        value, extreme = max(everything["occlusion"], key=lambda x: abs(x[0]))
+        assert extreme == (DARKEST if value > 0 else DARKEST_RED)
+        for value, (r, _, b) in everything["occlusion"]:
+            assert (b >= r) if value >= 0 else (r > b), (value, r, b)
+        assert any(v < 0 for v, _ in everything["occlusion"]) and any(
+            v > 0 for v, _ in everything["occlusion"]
+        )
+        page.locator("#explain-card").scroll_into_view_if_needed()
+        screenshot(page, "explain-pair.png")
+
+        # The view as a PNG: both shadings drawn, the darkest blue among them.
+        with page.expect_download() as download:
+            page.click("#export-png")
+        assert download.value.suggested_filename == "headwise-explanation.png"
+        png = Image.open(BytesIO(Path(download.value.path()).read_bytes())).convert("RGB")
+        assert png.width == 1920 and png.height > 300
+        colours = {c for _, c in png.getcolors(1 << 20)}
+        assert DARKEST in colours and extreme in colours
+
+        # Tokens instead of words: asked again, a part per token.
+        page.select_option("#granularity", "token")
+        tokens = httpx.post(
+            f"{live_explain.url}/explain", json={**body, "granularity": "token"}, timeout=30
+        ).json()
+        page.wait_for_function(
+            f"document.querySelectorAll('#explain .xrow .part').length === "
+            f"{2 * sum(len(p) for p in tokens['parts'])}"
+        )
+        assert sent[-1]["granularity"] == "token"
+
+        # An embedder with two texts explains their similarity.
+        page.select_option("#modelsel", "tiny-random")
+        wait_state(page, "ready")
+        page.wait_for_function(
+            "document.querySelector('#explain-card').dataset.state === 'ready'"
+            " && document.querySelector('#explain-summary').textContent.startsWith('cosine')"
+        )
+        assert sent[-1] == {
+            "model": "tiny-random", "granularity": "token", "truncate": True,
+            "similarity": [query, doc],
+        }  # fmt: skip
+        assert page.locator("#explain .xtext").count() == 2
+        assert not errors, errors
+    finally:
+        context.close()

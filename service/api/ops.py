@@ -89,6 +89,8 @@ def limits(s: Settings) -> dict[str, Any]:
         "attention_cpu_share": s.attention_cpu_share,
         "explain_max_work": s.explain_max_work,
         "explain_cpu_share": s.explain_cpu_share,
+        "explain_batch_tokens": s.explain_batch_tokens,
+        "explain_queue": s.explain_queue,
         "capacity_tokens_per_s": s.capacity_tokens_per_s,
         "multi_vector_max_numbers": s.multi_vector_max_numbers,
         "multi_vector_budget_numbers": s.multi_vector_budget_numbers,

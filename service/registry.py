@@ -30,7 +30,7 @@ from service.pipelines.attention.pipeline import AttentionPipeline
 from service.pipelines.base import Intake
 from service.pipelines.call import Drain
 from service.pipelines.embed import EmbedPipeline
-from service.pipelines.explain.pipeline import ExplainPipeline
+from service.pipelines.explain.pipeline import ExplainPipeline, Traffic
 from service.pipelines.outputs import OutputsPipeline, expansion_pad, outputs_infer
 from service.pipelines.score import ScorePipeline
 from service.settings import Settings
@@ -247,7 +247,7 @@ def build_model(
         backend,
         Intake(lanes.batcher, admission, metrics, "explain", name, lanes.long, lanes.long_tokens),
         settings,
-        lambda: sum(b.submitted for b in admission.batchers if isinstance(b, DynamicBatcher)),
+        Traffic(lambda: (b for b in admission.batchers if isinstance(b, DynamicBatcher))),
         embed=model.embed,
         score=model.score,
         attention=model.attention,

@@ -92,6 +92,11 @@ class DynamicBatcher:
         return len(self._queue)
 
     @property
+    def busy(self) -> bool:
+        """Texts are queued, or a batch is being computed."""
+        return bool(self._queue) or self._running_work > 0
+
+    @property
     def queued_tokens(self) -> int:
         return sum(it.length for it in self._queue)
 

@@ -6,11 +6,11 @@ Retry-After at once. Pacer: calls run one at a time, and after a call that took 
 next starts no sooner than t x (1/share - 1) later, so /attention's graph, statistics and
 serialisation take at most `share` of the time, whatever the number of clients.
 
-A pacer may be given the serving traffic's activity (a count of texts queued by others): then it
-pauses only when others queued work since the last call began. Its calls share the serving
-batcher (explanations), so a pause while nobody else wants the cores would only slow them down;
-an /encode that arrives meanwhile waits for at most the one call running, and the pause after
-it is taken in full.
+A pacer may be given the serving traffic (`Others`): then it pauses only when others wanted the
+cores during the last call, that is when their work was queued or running as it began, or they
+queued more since. Its calls share the serving batcher (explanations), so a pause while nobody
+else wants the cores would only slow them down; an /encode that arrives meanwhile waits for at
+most the one call running, and the pause after it is taken in full.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from service.errors import Overloaded, PayloadTooLarge
 
@@ -63,18 +64,28 @@ class Budget:
             self._report(self.used)
 
 
+class Others(Protocol):
+    """The work other requests give the cores a pacer shares."""
+
+    def queued(self) -> int: ...  # texts they ever queued
+    def waiting(self) -> bool: ...  # some of it is queued or running now
+
+
 class Pacer:
-    def __init__(self, share: float, activity: Callable[[], int] | None = None) -> None:
+    def __init__(self, share: float, others: Others | None = None) -> None:
         self.share = share
         self._lock = asyncio.Lock()
         self._next = 0.0  # monotonic time the next call may start
         self.last_s = 0.0  # how long the last call took
-        self._activity = activity  # others' work queued so far (None: always pause)
-        self._seen = 0  # the activity when the last call began
+        self._others = others  # None: always pause
+        self._seen = 0  # what others had queued when the last call began
+        self._contended = False  # and whether some of it was still waiting or running then
         self.paused_s = 0.0  # pauses taken, in all (tests, bench)
 
-    def _others_came(self) -> bool:
-        return self._activity is None or self._activity() != self._seen
+    def _others_wanted(self) -> bool:
+        """Whether others wanted the cores during the last call (always, without `others`)."""
+        o = self._others
+        return o is None or self._contended or o.queued() != self._seen
 
     @property
     def wait_s(self) -> float:
@@ -85,11 +96,11 @@ class Pacer:
     async def turn(self) -> AsyncIterator[None]:
         async with self._lock:
             delay = self._next - time.monotonic()
-            if delay > 0 and self._others_came():
+            if delay > 0 and self._others_wanted():
                 await asyncio.sleep(delay)  # the pause that gives the cores back to serving
                 self.paused_s += delay
-            if self._activity is not None:
-                self._seen = self._activity()
+            if self._others is not None:
+                self._seen, self._contended = self._others.queued(), self._others.waiting()
             started = time.monotonic()
             try:
                 yield

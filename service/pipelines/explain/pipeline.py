@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 from tokenizers import Encoding
 
+from service.engine.batcher import DynamicBatcher
 from service.engine.runtime import Backend
 from service.errors import Overloaded, PayloadTooLarge
 from service.pipelines.attention.limits import Pacer
@@ -36,6 +37,22 @@ from service.pipelines.explain.parts import Granularity, Part, occluded, parts_o
 from service.pipelines.explain.question import FORMS, Form, Question, check_form, check_target
 from service.pipelines.score import ScorePipeline
 from service.settings import Settings
+
+
+class Traffic:
+    """The device's serving batchers as the explanations' pacer sees them: the work others
+    queue there, explanations' own variants left out."""
+
+    def __init__(self, batchers: Callable[[], Iterable[DynamicBatcher]]) -> None:
+        self._batchers = batchers
+        self.own = 0  # variants explanations queued
+
+    def queued(self) -> int:
+        return sum(b.submitted for b in self._batchers()) - self.own
+
+    def waiting(self) -> bool:
+        """Others' work is queued or running: a pacer asks between two pieces of ours."""
+        return any(b.busy for b in self._batchers())
 
 
 @dataclass
@@ -68,7 +85,7 @@ class ExplainPipeline:
         backend: Backend,
         intake: Intake,
         settings: Settings,
-        activity: Callable[[], int],
+        traffic: Traffic,
         embed: EmbedPipeline | None = None,
         score: ScorePipeline | None = None,
         attention: AttentionPipeline | None = None,
@@ -83,8 +100,8 @@ class ExplainPipeline:
         self.attention = attention
         self.forms = FORMS[self.manifest.task]
         self.types = "token_type_ids" in self.manifest.inputs
-        self.queued = 0  # variants this pipeline queued (the pacer counts only others' work)
-        self.pacer = Pacer(settings.explain_cpu_share, lambda: activity() - self.queued)
+        self.traffic = traffic
+        self.pacer = Pacer(settings.explain_cpu_share, traffic)
         self.inflight = 0
 
     # --- what needs no tokenizer -----------------------------------------------------------
@@ -194,7 +211,7 @@ class ExplainPipeline:
     async def _turn(self, piece: Prepared) -> AsyncIterator[None]:
         """A piece's turn: after the last one's pause, if others queued work meanwhile."""
         async with self.pacer.turn():
-            self.queued += len(piece.sequences)
+            self.traffic.own += len(piece.sequences)
             yield
 
     @contextlib.asynccontextmanager

@@ -232,7 +232,7 @@ def test_head_stats_layer_by_layer_equal_the_whole_array_at_once():
     assert all(v.shape == (3, 2) for v in stats.values())
 
 
-def test_a_pacer_given_the_serving_activity_pauses_only_when_others_queued_work(monkeypatch):
+def test_a_pacer_given_the_serving_traffic_pauses_only_when_others_wanted_the_cores(monkeypatch):
     from service.pipelines.attention import limits
 
     class Clock:  # each call "computes" one second; the pauses are a hundredth of that
@@ -241,25 +241,41 @@ def test_a_pacer_given_the_serving_activity_pauses_only_when_others_queued_work(
         def monotonic(self) -> float:
             return self.t
 
-    clock = Clock()
-    monkeypatch.setattr(limits, "time", clock)
-    queued_by_others = [0]
+    class Others:
+        count, busy = 0, False
 
-    async def calls(pacer: limits.Pacer, n: int, others_meanwhile: bool = False) -> None:
-        for _ in range(n):
-            async with pacer.turn():
-                clock.t += 1.0
-                queued_by_others[0] += others_meanwhile
+        def queued(self) -> int:
+            return self.count
+
+        def waiting(self) -> bool:
+            return self.busy
+
+    clock, others = Clock(), Others()
+    monkeypatch.setattr(limits, "time", clock)
+    pause = 1 / 0.99 - 1
+
+    async def call(pacer: limits.Pacer, queue_meanwhile: bool = False) -> float:
+        before = pacer.paused_s
+        async with pacer.turn():
+            clock.t += 1.0
+            others.count += queue_meanwhile
+        return pacer.paused_s - before
 
     async def main():
-        pacer = limits.Pacer(0.99, lambda: queued_by_others[0])
-        await calls(pacer, 3)  # nobody else: no pause, whatever the share
-        alone = pacer.paused_s
-        await calls(pacer, 2, others_meanwhile=True)  # an /encode arrived during each call
+        pacer = limits.Pacer(0.99, others)
+        alone = [await call(pacer) for _ in range(3)]  # nobody else: no pause
+        await call(pacer, queue_meanwhile=True)  # an /encode arrived during this call
+        after_one_came = await call(pacer)
+        others.busy = True  # one was queued or running as the next call began
+        await call(pacer)
+        others.busy = False
+        after_one_waited = await call(pacer)
+        after_nobody = await call(pacer)
         strict = limits.Pacer(0.99)  # /attention's: always
-        await calls(strict, 2)
-        return alone, pacer.paused_s, strict.paused_s
+        always = [await call(strict) for _ in range(2)]
+        return alone, after_one_came, after_one_waited, after_nobody, always
 
-    alone, busy, strict = asyncio.run(main())
-    assert alone == 0
-    assert busy == pytest.approx(1 / 0.99 - 1) and strict == pytest.approx(1 / 0.99 - 1)
+    alone, came, waited, nobody, always = asyncio.run(main())
+    assert alone == [0, 0, 0] and nobody == 0
+    assert came == pytest.approx(pause) and waited == pytest.approx(pause)
+    assert always == [0, pytest.approx(pause)]

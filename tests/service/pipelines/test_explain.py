@@ -145,3 +145,16 @@ def test_explanations_pause_for_encode_traffic_and_not_when_alone():
     alone, busy, paused_alone, paused = asyncio.run(main())
     assert alone == busy == 200
     assert paused_alone == 0 and paused > 0
+
+
+def test_a_model_without_a_dense_vector_does_not_explain_and_says_what_does():
+    from service.manifest import SparseOutput
+
+    splade = FakeBackend(
+        fake_manifest("splade", outputs=["sparse"], sparse=SparseOutput(kind="vocabulary", graph_output="s"))
+    )
+    with served(splade, FakeBackend(fake_manifest("e"))) as c:
+        r = c.post("/explain", json={"input": "the cat", "model": "splade"})
+        assert r.status_code == 400
+        assert "an embedding model with a dense vector" in r.json()["error"]["message"]
+        assert c.post("/explain", json={"input": "the cat"}).json()["model"] == "e"

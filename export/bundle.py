@@ -1,7 +1,14 @@
-"""Build a bundle folder: export, fuse, gate on fusion and parity, then write the manifest."""
+"""Build a bundle folder: export, fuse, gate on fusion and parity, then write the manifest.
+
+Any size: each graph is one ONNX file, or the graph and one external data file beside it when
+its weights pass what one protobuf holds (export/external.py); the manifest lists every file
+with its sha256. Memory: both graphs are traced first, then (with `release_weights`) the
+PyTorch weights are let go, so optimising and checking the graphs never holds them twice.
+"""
 
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
 import tempfile
@@ -15,12 +22,21 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
-from export import fused, optimize, quality, verify
+from export import external, fused, optimize, quality, templates, verify
 from export.onnx import OPSET, export_attention, export_serving, graph_inputs
 from models.weights import LoadedModel
 from service.bundle import MANIFEST, sha256_file
 from service.engine.sessions import build_session
-from service.manifest import FileEntry, GraphEntry, Manifest, Precision, Source, SpecialTokens
+from service.manifest import (
+    DataFile,
+    FileEntry,
+    GraphEntry,
+    Manifest,
+    Precision,
+    RerankTemplate,
+    Source,
+    SpecialTokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +56,13 @@ class ExportOptions:
     int8_min_cosine: float = 0.0
     # Ship a graph whose attention did not fuse (marked fused=false) instead of failing.
     allow_unfused: bool = False
+    # A causal LM reranker's template (None: Qwen3-Reranker's card), and the format of an
+    # embedder's instructions (None: derived from its query prompt, if it has the form).
+    rerank_template: templates.TemplateSpec | None = None
+    instruction_format: str | None = None
+    # Move the PyTorch weights to the meta device once both graphs are traced (the CLI does:
+    # a large model is then never held twice); the LoadedModel is spent afterwards.
+    release_weights: bool = False
 
 
 def write_tokenizer(loaded: LoadedModel, out: Path) -> Tokenizer:
@@ -64,10 +87,15 @@ def _run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 def _graph_entry(
     path: Path, precision: Precision, counts: dict[str, int], parity: verify.Parity, **extra
 ) -> GraphEntry:
+    data = [
+        DataFile(file=f.name, sha256=sha256_file(f), bytes=f.stat().st_size)
+        for f in external.data_files(path)
+    ]
     return GraphEntry(
         file=path.name,
         sha256=sha256_file(path),
         bytes=path.stat().st_size,
+        data=data,
         precision=precision,
         op_counts=counts,
         parity=parity,
@@ -76,12 +104,59 @@ def _graph_entry(
 
 
 def special_tokens(tok: Tokenizer, pad_id: int) -> SpecialTokens:
-    """The ids the family's post-processor adds around a text ([CLS] … [SEP], <s> … </s>)."""
-    enc = tok.encode("")
-    added = [i for i, special in zip(enc.ids, enc.special_tokens_mask, strict=True) if special]
-    return SpecialTokens(
-        cls=added[0] if added else None, sep=added[-1] if len(added) > 1 else None, pad=pad_id
+    """The ids the family's post-processor adds before a text (cls: [CLS], <s>) and after it
+    (sep: [SEP], </s>, a decoder's end token)."""
+    full, bare = tok.encode("x").ids, tok.encode("x", add_special_tokens=False).ids
+    start = next(
+        (i for i in range(len(full) - len(bare) + 1) if full[i : i + len(bare)] == bare), 0
     )
+    before, after = full[:start], full[start + len(bare) :]
+    return SpecialTokens(
+        cls=before[0] if before else None, sep=after[-1] if after else None, pad=pad_id
+    )
+
+
+def rerank_template(loaded: LoadedModel, options: ExportOptions) -> RerankTemplate | None:
+    """A causal LM reranker's template with its answer tokens' ids; None for other models."""
+    if loaded.judge_ids is None:
+        if options.rerank_template is not None:
+            raise ValueError(
+                "a rerank template applies to a *ForCausalLM exported with --task rerank"
+            )
+        return None
+    spec = options.rerank_template or templates.QWEN3_RERANKER
+    if loaded.judge_tokens != (spec.yes, spec.no):
+        raise ValueError(f"the model was loaded judging {loaded.judge_tokens}, not the template's")
+    return spec.with_ids(*loaded.judge_ids)
+
+
+def probe_feeds(
+    tok: Tokenizer,
+    loaded: LoadedModel,
+    template: RerankTemplate | None,
+    inputs: list[str],
+) -> dict[str, np.ndarray]:
+    """The parity probes as the service will feed them: texts, pairs, or pairs through the
+    reranker's template (service/pipelines/template.py, the service's own code)."""
+    pad = loaded.config.pad_token_id
+    if loaded.task == "embed":
+        return verify.encode(tok, verify.PROBE_TEXTS, inputs, pad)
+    if template is None:
+        return verify.encode(tok, verify.PROBE_PAIRS, inputs, pad)
+    from service.pipelines.template import PairTemplate
+
+    def tokenize(texts: list[str], special: bool) -> list:
+        return tok.encode_batch(texts, add_special_tokens=special)
+
+    sequences = PairTemplate(template, tokenize, loaded.max_length).sequences(verify.PROBE_PAIRS)
+    ids, mask = verify.pad_batch([s.ids for s in sequences], pad)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def release(loaded: LoadedModel) -> None:
+    """Hand the PyTorch weights back: the module stays, its tensors become meta tensors."""
+    loaded.model.to("meta")
+    gc.collect()
 
 
 def _check(
@@ -162,37 +237,48 @@ def build_bundle(
     model = loaded.model.eval()
     inputs = graph_inputs(model)
     task = loaded.task
+    template = rerank_template(loaded, options)
+    instructions = templates.instruction_format(loaded.prompts, options.instruction_format)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp_name:
         tmp = Path(tmp_name)
         tok = write_tokenizer(loaded, tmp / "tokenizer.json")
-        probes = verify.PROBE_TEXTS if task == "embed" else verify.PROBE_PAIRS
-        feeds = verify.encode(tok, probes, inputs, cfg.pad_token_id)
+        feeds = probe_feeds(tok, loaded, template, inputs)
+        probes = len(feeds["input_ids"])
         want, want_attn = verify.torch_reference(model, *feeds.values())
         graphs: dict[str, GraphEntry] = {}
 
-        raw = tmp / "raw.onnx"
+        # Each raw graph in a folder of its own: past 2 GiB torch writes a file per tensor.
+        raw, attn_raw = tmp / "raw" / "encoder.onnx", tmp / "raw-attention" / "attention.onnx"
+        raw.parent.mkdir()
+        attn_raw.parent.mkdir()
         plan = fused.plan(cfg)
         export_serving(model, raw, emit_fused=plan.kind == "emit")
+        export_attention(model, attn_raw)
+        if options.release_weights:
+            del model
+            release(loaded)
+
         fused_path = tmp / "encoder.onnx"
         report = optimize.fuse(raw, fused_path, cfg, plan, options.allow_unfused)
-        raw.unlink()
+        shutil.rmtree(raw.parent)
         fusion = {"fused": report.fused, "unfused_reason": report.unfused_reason}
         fp32 = _run(fused_path, feeds)[0]
         parity = _check(fp32, want, "encoder.onnx", task, verify.FP32_MIN_COSINE)
         graphs["encoder"] = _graph_entry(fused_path, "fp32", report.op_counts, parity, **fusion)
 
         attn_path = tmp / "attention.onnx"
-        export_attention(model, attn_path)
+        external.rewrite(attn_raw, attn_path)
+        shutil.rmtree(attn_raw.parent)
         emb, attn = _run(attn_path, feeds)
         parity = _check(emb, want, "attention.onnx", task, verify.FP32_MIN_COSINE)
         attn_diff = verify.attention_diff(attn, want_attn, feeds["attention_mask"])
+        del attn, want_attn
         parity = parity.model_copy(update={"attention_max_abs_diff": attn_diff})
         if not attn_diff <= verify.ATTENTION_MAX_ABS:
             raise verify.ParityError(f"attention.onnx: attention maps differ by {attn_diff:.3g}")
-        graphs["attention"] = _graph_entry(
-            attn_path, "fp32", optimize.op_counts(onnx.load(str(attn_path))), parity
-        )
+        counts = optimize.op_counts(onnx.load(str(attn_path), load_external_data=False))
+        graphs["attention"] = _graph_entry(attn_path, "fp32", counts, parity)
 
         if options.fp16:
             path = tmp / "encoder.fp16.onnx"
@@ -222,6 +308,8 @@ def build_bundle(
             output_dim=_output_dim(loaded),
             prompts=loaded.prompts,
             default_prompt_name=loaded.default_prompt_name,
+            instruction_format=instructions,
+            rerank_template=template,
             labels=loaded.labels,
             problem_type=loaded.problem_type,
             special_tokens=special_tokens(tok, cfg.pad_token_id),
@@ -229,7 +317,7 @@ def build_bundle(
             inputs=inputs,
             graphs=graphs,
             tokenizer=FileEntry(file="tokenizer.json", sha256=sha256_file(tmp / "tokenizer.json")),
-            probe_texts=len(probes),
+            probe_texts=probes,
             versions={
                 "torch": torch.__version__,
                 "onnx": onnx.__version__,

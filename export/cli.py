@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from export import quality
+from export import quality, templates
 from export.bundle import ExportOptions, build_bundle
 from export.optimize import FusionError
 from export.sources import resolve
@@ -37,6 +37,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["embed", "rerank", "classify"],
         help="default: rerank/classify for a *ForSequenceClassification checkpoint with one/"
         "several labels, else embed",
+    )
+    p.add_argument(
+        "--rerank-template",
+        type=Path,
+        help="a *ForCausalLM reranker's template: JSON with prefix, suffix, format ({instruction}, "
+        "{query}, {document}), instruction (the default) and yes, no (the answer tokens); "
+        "default: Qwen3-Reranker's model card",
+    )
+    p.add_argument(
+        "--instruction-format",
+        help="how a request's instruction wraps a query, e.g. 'Instruct: {instruction}\\nQuery:"
+        "{text}' (a typed \\n is a newline; default: from a query prompt of that form, else no "
+        "instructions)",
     )
     p.add_argument(
         "--allow-unfused",
@@ -79,12 +92,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         resolved = resolve(args.model, args.revision, args.name)
+        template = templates.read_template(args.rerank_template) if args.rerank_template else None
+        judge = template or templates.QWEN3_RERANKER
         loaded = load_pretrained(
             resolved.folder,
             name=resolved.name,
             max_length=args.max_length,
             pooling=args.pooling,
             task=args.task,
+            judge=(judge.yes, judge.no),
         )
         manifest = build_bundle(
             loaded,
@@ -97,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
                 int8_min_spearman=args.int8_min_spearman,
                 int8_min_cosine=args.int8_min_cosine,
                 allow_unfused=args.allow_unfused,
+                rerank_template=template,
+                instruction_format=args.instruction_format
+                and args.instruction_format.replace("\\n", "\n"),
+                release_weights=True,  # nothing here needs the PyTorch weights after export
             ),
             source=resolved.source,
         )
@@ -106,10 +126,11 @@ def run(args: argparse.Namespace) -> int:
     for key, graph in manifest.graphs.items():
         p = graph.parity
         log.info(
-            "%-13s %-22s %6.1f MB  min cos %.7f vs %s  ops %s%s",
+            "%-13s %-22s %6.1f MB%s  min cos %.7f vs %s  ops %s%s",
             key,
             graph.file,
-            graph.bytes / 1e6,
+            graph.total_bytes / 1e6,
+            f" ({', '.join(d.file for d in graph.data)})" if graph.data else "",
             p.min_cosine,
             p.reference,
             graph.op_counts,

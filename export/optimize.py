@@ -21,6 +21,7 @@ from pathlib import Path
 
 import onnx
 
+from export import external
 from export.fused import Plan, expected_nodes
 from models.config import EncoderConfig
 
@@ -201,7 +202,8 @@ def fuse(
                 raise
             log.warning("shipping an UNFUSED graph (allowed by flag): %s", exc)
             optimized, report = unfused(f"allowed by --allow-unfused: {exc}")
-    optimized.save_model_to_file(str(out))
+    optimized.topological_sort()
+    external.save(optimized.model, out)
     log.info("%s %s: %s", cfg.architecture, out.name, report.describe())
     return report
 
@@ -217,11 +219,12 @@ def to_fp16(fused: Path, out: Path) -> dict[str, int]:
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    model = OnnxModel(onnx.load(str(fused)))
+    model = OnnxModel(external.load(fused))
     model.convert_float_to_float16(
         keep_io_types=True, op_block_list=[*DEFAULT_OP_BLOCK_LIST, "Gemm"]
     )
-    model.save_model_to_file(str(out))
+    model.topological_sort()
+    external.save(model.model, out)  # one file where it fits (a 0.6B model's 1.2 GB does)
     return op_counts(model.model)
 
 
@@ -245,6 +248,8 @@ def _quantize(
     AVX-VNNI) where CPUID shows them, and with AVX2 widening multiplies elsewhere."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    large = external.initializer_bytes(onnx.load(str(fused), load_external_data=False))
+    out.with_name(out.name + external.DATA_SUFFIX).unlink(missing_ok=True)  # else appended to
     quantize_dynamic(
         str(fused),
         str(out),
@@ -255,6 +260,7 @@ def _quantize(
         nodes_to_quantize=include,
         nodes_to_exclude=exclude,
         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+        use_external_data_format=large > external.INLINE_LIMIT,
     )
 
 
@@ -279,13 +285,14 @@ def to_int8(
     _quantize(fused, out)
     tried = 1
     if passes(out):
-        return Int8Report(op_counts(onnx.load(str(out))), [], len(candidates), tried)
+        return Int8Report(_counts(out), [], len(candidates), tried)
     probe = out.with_suffix(".probe.onnx")
     hurt = {}
     for name in candidates:
         _quantize(fused, probe, include=[name])
         hurt[name] = damage(probe)
-    probe.unlink(missing_ok=True)
+    for f in (probe, *external.data_files(probe)):
+        f.unlink(missing_ok=True)
     ranked = sorted(candidates, key=hurt.get, reverse=True)
     lo, hi = 1, len(ranked)  # fewest kept that may pass .. known to pass (all kept)
     while lo < hi:
@@ -299,4 +306,8 @@ def to_int8(
     kept = ranked[:hi]
     _quantize(fused, out, exclude=kept)
     log.info("int8: kept %d of %d nodes in fp32 (%d graphs scored)", len(kept), len(ranked), tried)
-    return Int8Report(op_counts(onnx.load(str(out))), kept, len(candidates), tried)
+    return Int8Report(_counts(out), kept, len(candidates), tried)
+
+
+def _counts(path: Path) -> dict[str, int]:
+    return op_counts(onnx.load(str(path), load_external_data=False))

@@ -1,0 +1,74 @@
+"""Graphs past what one protobuf holds keep their weights in one external data file beside the
+graph: the same files, hashes and parity, served as any bundle. The 2 GiB limit is lowered
+here so a tiny model takes that path in seconds (tests/export/test_large.py exports a real
+2 GiB checkpoint, marked slow)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from export import external
+from service.bundle import BundleError, load_bundle
+from service.engine.sessions import build_session
+from tests.export.test_architectures import export, feeds, save_checkpoint, transformers_model
+
+TEXTS = ["the cat sat on a warm mat", "le chat dort", ""]
+
+
+@pytest.fixture
+def low_limit(monkeypatch):
+    monkeypatch.setattr(external, "INLINE_LIMIT", 10_000)
+
+
+@pytest.fixture
+def bundle(family_tokenizers, tmp_path, low_limit):
+    folder = save_checkpoint(tmp_path / "tiny-bert", "bert", family_tokenizers["wordpiece"])
+    manifest = export(folder, tmp_path / "bundle", "--fp16")
+    return folder, tmp_path / "bundle", manifest
+
+
+def test_every_graph_gets_one_data_file_listed_with_its_hash_and_size(bundle):
+    _, path, manifest = bundle
+    for key in ("encoder", "attention", "encoder_fp16"):
+        entry = manifest.graphs[key]
+        (data,) = entry.data
+        assert data.file == entry.file + ".data"
+        assert (path / data.file).stat().st_size == data.bytes > 10_000
+        assert entry.total_bytes == entry.bytes + data.bytes
+    assert set(manifest.files()) | {"manifest.json"} == {p.name for p in path.iterdir()}
+
+
+def test_graphs_with_external_data_equal_transformers(bundle):
+    import torch
+
+    folder, path, manifest = bundle
+    x = feeds(path, manifest, TEXTS)
+    got = build_session(path / "encoder.onnx").run(None, x)[0]
+    hf = transformers_model(folder)
+    with torch.no_grad():
+        hidden = hf(**{k: torch.from_numpy(v) for k, v in x.items()}).last_hidden_state
+    m = torch.from_numpy(x["attention_mask"])[:, :, None].float()
+    want = ((hidden * m).sum(1) / m.sum(1)).numpy()
+    assert np.abs(got - want).max() < 1e-4
+
+
+def test_a_tampered_data_file_is_refused_naming_it(bundle):
+    _, path, manifest = bundle
+    load_bundle(path)
+    data = path / manifest.graphs["encoder"].data[0].file
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(BundleError, match="encoder.onnx.data does not match"):
+        load_bundle(path)
+    data.unlink()
+    with pytest.raises(BundleError, match="encoder.onnx.data is missing"):
+        load_bundle(path)
+
+
+def test_a_graph_that_fits_stays_one_file(family_tokenizers, tmp_path):
+    folder = save_checkpoint(tmp_path / "tiny-bert", "bert", family_tokenizers["wordpiece"])
+    manifest = export(folder, tmp_path / "bundle")
+    assert all(not g.data for g in manifest.graphs.values())
+    assert not list((tmp_path / "bundle").glob("*.data"))

@@ -18,18 +18,31 @@ from typing import Literal
 
 import numpy as np
 
+from service.bundle import MANIFEST, BundleError, read_manifest
 from service.engine.admission import Admission
 from service.engine.batch_policy import BatchPolicy
 from service.engine.batcher import DynamicBatcher, Infer
-from service.engine.memory import LARGE_REQUESTS, memory_budget, rss_bytes
+from service.engine.memory import (
+    LARGE_REQUESTS,
+    ModelCost,
+    attention_bytes,
+    check_fit,
+    encode_batch_bytes,
+    memory_budget,
+    memory_limit,
+    request_bytes,
+    rss_bytes,
+)
 from service.engine.runtime import Backend, DeviceUnavailable
 from service.errors import ModelNotFound, Unavailable, WrongTask
+from service.manifest import GraphKey, Manifest
 from service.metrics import Metrics
 from service.pipelines.attention.pipeline import AttentionPipeline
 from service.pipelines.base import Intake
 from service.pipelines.call import Drain
 from service.pipelines.embed import EmbedPipeline
 from service.pipelines.score import ScorePipeline
+from service.pipelines.template import templated
 from service.settings import Settings
 from service.tensors import Batch
 
@@ -156,7 +169,8 @@ def build_model(
     if settings.attention_enabled and "attention" in manifest.graphs:
         # Its own admission: its batcher is paced and bounded by its own budget, apart.
         own = Admission(settings.request_timeout_s, 1.0)
-        model.attention = AttentionPipeline(name, backend, settings, metrics, own)
+        # A causal LM reranker's pairs are shown as its template builds them.
+        model.attention = AttentionPipeline(name, templated(backend), settings, metrics, own)
         model.batchers.append(model.attention.batcher)
     return model
 
@@ -193,6 +207,50 @@ def load_backends(specs: Sequence[ModelSpec], loader: Loader, settings: Settings
     return backends
 
 
+def expected_graph(manifest: Manifest, settings: Settings) -> GraphKey:
+    """The serving graph a backend will load for these settings (before it is loaded)."""
+    keys: dict[str, GraphKey] = {"fp16": "encoder_fp16", "int8": "encoder_int8"}
+    if settings.precision in keys and keys[settings.precision] in manifest.graphs:
+        return keys[settings.precision]
+    if settings.precision == "auto" and settings.device == "cuda":
+        return "encoder_fp16" if "encoder_fp16" in manifest.graphs else "encoder"
+    return "encoder"
+
+
+def model_cost(
+    name: str, manifest: Manifest, graph: GraphKey, batchers: int, attention: bool, s: Settings
+) -> ModelCost:
+    """A model's share of the memory bound: its graphs (serving, and attention when it serves
+    /attention: a second copy of the weights), its batchers' largest batches, its /attention
+    budget."""
+    graphs = manifest.graphs[graph].total_bytes
+    working = batchers * encode_batch_bytes(
+        s.max_batch_tokens, manifest.max_length, manifest.d_model, manifest.num_heads
+    )
+    if attention:
+        graphs += manifest.graphs["attention"].total_bytes
+        working += attention_bytes(s.attention_budget_numbers)
+    return ModelCost(name, graphs, working)
+
+
+def costs_on_disk(specs: Sequence[ModelSpec], settings: Settings) -> list[ModelCost] | None:
+    """Each bundle's cost, from its manifest, before anything is loaded; None when a bundle
+    has no readable manifest (its loader says why)."""
+    costs = []
+    for spec in specs:
+        try:
+            manifest = read_manifest(spec.path / MANIFEST)
+        except (BundleError, OSError):
+            return None
+        attention = settings.attention_enabled and "attention" in manifest.graphs
+        batchers = 2 if manifest.task == "embed" else 1  # /embed_all's token output: its own
+        graph = expected_graph(manifest, settings)
+        costs.append(
+            model_cost(spec.name or manifest.name, manifest, graph, batchers, attention, settings)
+        )
+    return costs
+
+
 def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
@@ -226,6 +284,14 @@ class Registry:
         metrics: Metrics,
         routes_of: RoutesOf | None = None,
     ) -> Registry:
+        # The models must fit the memory the server may use: checked from the manifests before
+        # any graph is loaded (a model too large would be killed, not refused, while loading).
+        limit, source = memory_limit(settings.memory_limit_bytes)
+        base = rss_bytes()
+        requests = LARGE_REQUESTS * request_bytes(settings.max_body_bytes)
+        planned = costs_on_disk(specs, settings) if limit else None
+        if planned is not None:
+            check_fit(planned, base, requests, limit, source)
         backends = load_backends(specs, loader, settings)
         names = unique_names(specs, [b.manifest.name for b in backends])
         # One admission for all serving batchers: the models share the cores (or the GPU).
@@ -234,7 +300,10 @@ class Registry:
             build_model(n, b, settings, metrics, shared)
             for n, b in zip(names, backends, strict=True)
         ]
-        return cls(models, settings, metrics, routes_of)
+        registry = cls(models, settings, metrics, routes_of)
+        if limit and planned is None:  # bundles without manifests on disk (a custom loader)
+            check_fit(registry.costs(), base, requests, limit, source)
+        return registry
 
     def __iter__(self) -> Iterator[Model]:
         return iter(self.models.values())
@@ -284,8 +353,23 @@ class Registry:
             param="model",
         )
 
+    def costs(self) -> list[ModelCost]:
+        """Each served model's share of the memory bound, as loaded."""
+        return [
+            model_cost(
+                m.name,
+                m.backend.manifest,
+                m.backend.info.graph,
+                len(m.serving_batchers),
+                m.attention is not None,
+                self.settings,
+            )
+            for m in self
+        ]
+
     def memory(self) -> dict[str, int]:
-        """The documented peak for these settings and models (README: Memory)."""
+        """The documented peak for these settings and models (README: Memory), the models'
+        graphs' bytes (in warm) and the limit it must fit (0: none known)."""
         s = self.settings
         graphs = [
             (
@@ -304,7 +388,8 @@ class Registry:
             sum(m.attention is not None for m in self),
             s.max_body_bytes,
             LARGE_REQUESTS,
-        )
+            models_bytes=sum(c.graph_bytes for c in self.costs()),
+        ) | {"limit_bytes": memory_limit(s.memory_limit_bytes)[0]}
 
     def activity(self) -> int:
         """Changes whenever a text is queued, a batch taken or a request answered (the heap

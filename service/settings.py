@@ -49,6 +49,13 @@ class Settings(BaseSettings):
         "plain malloc; arena: keeps the largest batch ever seen (fastest, never shrinks)",
     )
     verify_bundle: bool = Field(True, description="check every file's sha256 against the manifest")
+    memory_limit_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="memory the server may use: the start fails, naming the model that does not "
+        "fit, when the bound (GET /info: memory) passes it; unset: the container's cgroup limit "
+        "when readable; 0: not checked",
+    )
 
     # Batching
     max_batch_tokens: int = Field(

@@ -22,7 +22,9 @@ async def encode(ctx: Context, body: EncodeRequest) -> Response:
     pipe = model.embed
     assert pipe is not None
     texts = pipe.validate(body.inputs, "inputs", body.dimensions)
-    how = Tokenizing(truncate=body.truncate, prompt_name=body.prompt_name)
+    how = Tokenizing(
+        truncate=body.truncate, prompt_name=body.prompt_name, instruction=body.instruction
+    )
     out = await pipe.embed(ctx.call, texts, how, body.normalize, body.dimensions)
     payload = {
         "embeddings": out.vectors,

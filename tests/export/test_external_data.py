@@ -72,3 +72,27 @@ def test_a_graph_that_fits_stays_one_file(family_tokenizers, tmp_path):
     manifest = export(folder, tmp_path / "bundle")
     assert all(not g.data for g in manifest.graphs.values())
     assert not list((tmp_path / "bundle").glob("*.data"))
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_a_sharded_checkpoint_exports_and_serves(tmp_path, fmt):
+    """transformers' save_pretrained(max_shard_size=...) shards and their index, or torch's .bin
+    shards with theirs; the bundle equals sentence-transformers on the unsharded folder."""
+    from tests.export.decoders import save_embedder, sentence_transformers_reference
+    from tests.models.test_qwen3 import shard
+    from tests.service.conftest import client_for
+
+    hf = save_embedder(tmp_path / "model")
+    want = sentence_transformers_reference(tmp_path / "model", TEXTS)
+    if fmt == "safetensors":
+        (tmp_path / "model" / "model.safetensors").unlink()
+        hf.save_pretrained(tmp_path / "model", max_shard_size="40KB")
+    else:
+        shard(tmp_path / "model", "bin")
+    index = "model.safetensors" if fmt == "safetensors" else "pytorch_model.bin"
+    assert (tmp_path / "model" / f"{index}.index.json").exists()
+    assert len(list((tmp_path / "model").glob(f"model-0000*.{fmt}"))) > 2
+    export(tmp_path / "model", tmp_path / "bundle")
+    with client_for(tmp_path / "bundle") as c:
+        got = c.post("/encode", json={"inputs": TEXTS}).json()["embeddings"]
+    np.testing.assert_allclose(np.array(got), want, atol=1e-4)

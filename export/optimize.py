@@ -13,6 +13,7 @@ the manifest says why).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -155,24 +156,28 @@ def fuse(
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
+    raw, out = raw.resolve(), out.resolve()
     options = FusionOptions("bert")
     # The raw 2-D mask, not a 1-D "sequence length" index: the latter silently assumes right
     # padding, and a bundle is a public artefact that callers may feed left-padded batches.
     options.attention_mask_format = AttentionMaskFormat.AttentionMask
 
     def optimize(model: onnx.ModelProto):
-        return optimize_model(
-            model,
-            model_type="bert",
-            num_heads=cfg.n_heads,
-            hidden_size=cfg.d_model,
-            optimization_options=options,
-            opt_level=0,
-            use_gpu=False,
-        )
+        # The weights stay on disk (lean): a fusion that reads one (q, k, v to pack) finds it
+        # relative to the working directory, the raw graph's folder.
+        with contextlib.chdir(raw.parent):
+            return optimize_model(
+                model,
+                model_type="bert",
+                num_heads=cfg.n_heads,
+                hidden_size=cfg.d_model,
+                optimization_options=options,
+                opt_level=0,
+                use_gpu=False,
+            )
 
     def unfused(reason: str):
-        optimized = optimize(onnx.load(str(raw)))
+        optimized = optimize(external.load_lean(raw))
         counts = Counter(node.op_type for node in optimized.model.graph.node)
         report = FusionReport(
             op_counts(optimized.model),
@@ -187,11 +192,11 @@ def fuse(
         log.warning("shipping an UNFUSED graph: %s", plan.reason)
         optimized, report = unfused(plan.reason or "no fused kernel")
     elif plan.kind == "emit":
-        optimized = optimize(onnx.load(str(raw)))
+        optimized = optimize(external.load_lean(raw))
         report = check_emitted(optimized.model, cfg)
     else:
         try:
-            model = onnx.load(str(raw))
+            model = external.load_lean(raw)
             bias = detach_attention_bias(model) if cfg.relative_attention_buckets > 0 else None
             optimized = optimize(model)
             if bias is not None:
@@ -203,7 +208,7 @@ def fuse(
             log.warning("shipping an UNFUSED graph (allowed by flag): %s", exc)
             optimized, report = unfused(f"allowed by --allow-unfused: {exc}")
     optimized.topological_sort()
-    external.save(optimized.model, out)
+    external.save(optimized.model, out, raw.parent)
     log.info("%s %s: %s", cfg.architecture, out.name, report.describe())
     return report
 

@@ -43,27 +43,34 @@ NO_CACHE = {"use_cache": False}
 
 
 def save(
-    folder: Path, model_class: str, kind: str, max_length: int | None = None, **extra
+    folder: Path,
+    model_class: str,
+    kind: str,
+    max_length: int | None = None,
+    corpus: list[str] | None = None,
+    **extra,
 ) -> torch.nn.Module:
+    """extra: Qwen3Config values over CONFIG's; corpus: more tokenizer training text."""
     folder.mkdir(parents=True, exist_ok=True)
     if max_length is None:
         max_length = MAX_LENGTH if kind == "embedder" else RERANK_MAX_LENGTH
-    vocab = write_qwen_tokenizer(folder, kind, vocab_size=1500, max_length=max_length)
+    vocab_size = 1500 if corpus is None else 8000
+    vocab = write_qwen_tokenizer(folder, kind, vocab_size, max_length, corpus)
     keep = {f: (folder / f).read_bytes() for f in ("tokenizer.json", "tokenizer_config.json")}
     pad = Tokenizer.from_file(str(folder / "tokenizer.json")).token_to_id("<|endoftext|>")
-    hf = save_checkpoint(
-        folder, model_class, "Qwen3Config", vocab_size=vocab, pad_token_id=pad, **CONFIG, **extra
-    )
+    config = {"vocab_size": vocab, "pad_token_id": pad, **CONFIG, **extra}  # extra: shapes too
+    hf = save_checkpoint(folder, model_class, "Qwen3Config", **config)
     for name, data in keep.items():  # save_checkpoint writes a word-level tokenizer.json
         (folder / name).write_bytes(data)
     return hf
 
 
-def save_embedder(folder: Path) -> torch.nn.Module:
-    hf = save(folder, "Qwen3Model", "embedder")
+def save_embedder(folder: Path, **extra) -> torch.nn.Module:
+    hf = save(folder, "Qwen3Model", "embedder", **extra)
     (folder / "1_Pooling").mkdir()
+    width = extra.get("hidden_size", CONFIG["hidden_size"])
     (folder / "1_Pooling/config.json").write_text(
-        json.dumps({"word_embedding_dimension": 32, "pooling_mode_lasttoken": True})
+        json.dumps({"word_embedding_dimension": width, "pooling_mode_lasttoken": True})
     )
     write_st_modules(
         folder, [("Transformer", ""), ("Pooling", "1_Pooling"), ("Normalize", "2_Normalize")]

@@ -30,15 +30,21 @@ CARD_TEXT = [
 ]
 
 
-def corpus() -> list[str]:
+def corpus(extra: list[str] | None = None) -> list[str]:
     answers = ["yes", "no", "yes\n", "no\n", "yes.", "no."] * 20
-    return training_corpus() + CARD_TEXT * 10 + answers
+    return training_corpus() + CARD_TEXT * 10 + answers + (extra or [])
 
 
 def write_qwen_tokenizer(
-    folder: Path, kind: str = "reranker", vocab_size: int = 700, max_length: int | None = None
+    folder: Path,
+    kind: str = "reranker",
+    vocab_size: int = 700,
+    max_length: int | None = None,
+    extra: list[str] | None = None,
 ) -> int:
-    """tokenizer.json (and tokenizer_config.json) in `folder`; returns the vocabulary size."""
+    """tokenizer.json (and tokenizer_config.json) in `folder`; returns the vocabulary size.
+    extra: more training text (the benchmark's, so that its texts take as many tokens as a
+    real vocabulary gives them)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
@@ -54,7 +60,7 @@ def write_qwen_tokenizer(
         special_tokens=SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(corpus(), trainer)
+    tok.train_from_iterator(corpus(extra), trainer)
     tok.add_tokens(ADDED)
     assert tok.token_to_id("yes") is not None and tok.token_to_id("no") is not None
     eos = tok.token_to_id(EOS)

@@ -81,8 +81,31 @@ class ModelSpec:
 Loader = Callable[[ModelSpec, Settings], Backend]
 
 
-def batch_policy(s: Settings, inline: bool = False) -> BatchPolicy:
-    """inline: the backend's runs may run on the event loop (Backend.inline)."""
+# all-MiniLM-L6-v2's multiply-adds per token (6 layers, d 384, FFN 1536): what
+# HEADWISE_CAPACITY_TOKENS_PER_S is assumed for until a model's batches are measured.
+REFERENCE_MACS_PER_TOKEN = 6 * (4 * 384 * 384 + 2 * 384 * 1536)
+
+
+def macs_per_token(m: Manifest) -> int:
+    """A token's multiply-adds through the layers' projections and FFN (attention's own N² term
+    and a gated FFN's third matrix left out: a lower bound, as the capacity it sizes)."""
+    heads = m.num_heads * (m.head_dim or m.d_model // m.num_heads)
+    return m.num_layers * (4 * m.d_model * heads + 2 * m.d_model * m.d_ff)
+
+
+def assumed_capacity(s: Settings, manifest: Manifest) -> float:
+    """The padded tokens/s admission assumes for a model until it has measured its batches:
+    the setting, scaled down by the model's compute per token past the reference model's (a
+    0.6B decoder computes ~40x more per token: admitting at MiniLM's rate would accept work
+    it cannot finish in time)."""
+    return s.capacity_tokens_per_s * min(1.0, REFERENCE_MACS_PER_TOKEN / macs_per_token(manifest))
+
+
+def batch_policy(
+    s: Settings, inline: bool = False, assumed_tokens_per_s: float | None = None
+) -> BatchPolicy:
+    """inline: the backend's runs may run on the event loop (Backend.inline);
+    assumed_tokens_per_s: the model's (assumed_capacity), else the setting."""
     return BatchPolicy(
         max_batch_tokens=s.max_batch_tokens,
         max_batch_s=s.max_batch_s,
@@ -91,7 +114,7 @@ def batch_policy(s: Settings, inline: bool = False) -> BatchPolicy:
         max_padding_ratio=s.max_padding_ratio,
         max_queue=s.max_queue_texts,
         padding_slack=s.padding_slack_tokens,
-        assumed_tokens_per_s=s.capacity_tokens_per_s,
+        assumed_tokens_per_s=assumed_tokens_per_s or s.capacity_tokens_per_s,
         inline_max_tokens=s.inline_max_tokens if inline else 0,
     )
 
@@ -144,7 +167,7 @@ def build_model(
     def intake(infer: Infer, path: str) -> Intake:
         b = DynamicBatcher(
             infer,
-            batch_policy(settings, backend.inline),
+            batch_policy(settings, backend.inline, assumed_capacity(settings, manifest)),
             metrics.observer(path, name),
             f"{path}-{name}",
             manifest.special_tokens.pad,

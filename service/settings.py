@@ -82,7 +82,9 @@ class Settings(BaseSettings):
     capacity_tokens_per_s: float = Field(
         2000.0,
         gt=0,
-        description="padded tokens/s assumed until batches are measured; sizes admission (413/429)",
+        description="padded tokens/s assumed until batches are measured; sizes admission (413/429); "
+        "for a model the size of all-MiniLM-L6-v2, a larger one's scaled down by its compute per "
+        "token",
     )
 
     openai_token_ids: bool = Field(

@@ -37,6 +37,7 @@ from service.manifest import (
     Source,
     SpecialTokens,
 )
+from service.pipelines.template import PairTemplate, added_around, with_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +107,7 @@ def _graph_entry(
 def special_tokens(tok: Tokenizer, pad_id: int) -> SpecialTokens:
     """The ids the family's post-processor adds before a text (cls: [CLS], <s>) and after it
     (sep: [SEP], </s>, a decoder's end token)."""
-    full, bare = tok.encode("x").ids, tok.encode("x", add_special_tokens=False).ids
-    start = next(
-        (i for i in range(len(full) - len(bare) + 1) if full[i : i + len(bare)] == bare), 0
-    )
-    before, after = full[:start], full[start + len(bare) :]
+    before, after = added_around(with_tokenizer(tok))
     return SpecialTokens(
         cls=before[0] if before else None, sep=after[-1] if after else None, pad=pad_id
     )
@@ -143,12 +140,8 @@ def probe_feeds(
         return verify.encode(tok, verify.PROBE_TEXTS, inputs, pad)
     if template is None:
         return verify.encode(tok, verify.PROBE_PAIRS, inputs, pad)
-    from service.pipelines.template import PairTemplate
-
-    def tokenize(texts: list[str], special: bool) -> list:
-        return tok.encode_batch(texts, add_special_tokens=special)
-
-    sequences = PairTemplate(template, tokenize, loaded.max_length).sequences(verify.PROBE_PAIRS)
+    pairs = PairTemplate(template, with_tokenizer(tok), loaded.max_length)
+    sequences = pairs.sequences(verify.PROBE_PAIRS)
     ids, mask = verify.pad_batch([s.ids for s in sequences], pad)
     return {"input_ids": ids, "attention_mask": mask}
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tokenizers import Encoding
+from tokenizers import Encoding, Tokenizer
 
 from service.engine.runtime import Backend, Side
 from service.manifest import RerankTemplate
@@ -65,12 +65,23 @@ class Tokens:
     truncated: bool
 
 
-def _added(tokenize: Tokenize) -> tuple[int, int]:
-    """How many tokens the tokenizer's post-processor adds before and after a text."""
+def with_tokenizer(tokenizer: Tokenizer) -> Tokenize:
+    """A Tokenize of a tokenizers.Tokenizer (export's and the benchmark's; the service's is its
+    backend's `tokenize`)."""
+
+    def tokenize(texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+        return tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+
+    return tokenize
+
+
+def added_around(tokenize: Tokenize) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer's post-processor adds before a text and after it ([CLS] and [SEP],
+    <s> and </s>; nothing and <|endoftext|> for Qwen3-Embedding's; nothing at all for Qwen3's)."""
     full, bare = tokenize(["x"], True)[0].ids, tokenize(["x"], False)[0].ids
     for start in range(len(full) - len(bare) + 1):
         if full[start : start + len(bare)] == bare:
-            return start, len(full) - start - len(bare)
+            return full[:start], full[start + len(bare) :]
     raise ValueError("the tokenizer's post-processor does not keep a text's own tokens")
 
 
@@ -79,7 +90,8 @@ class PairTemplate:
         self.template = template
         self.tokenize = tokenize
         self.prefix, self.suffix = tokenize([template.prefix, template.suffix], False)
-        self.leading, self.trailing = _added(tokenize)
+        before, after = added_around(tokenize)
+        self.leading, self.trailing = len(before), len(after)
         # The middle's budget: what prefix and suffix leave of the max length.
         self.limit = max_length - len(self.prefix.ids) - len(self.suffix.ids)
         if self.limit < self.leading + self.trailing + 1:

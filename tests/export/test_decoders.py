@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from export import verify
 from export.templates import QWEN3_RERANKER, instruction_format
 from service.engine.sessions import build_session
-from service.pipelines.template import PairTemplate
+from service.pipelines.template import PairTemplate, with_tokenizer
 from service.tensors import pad_batch
 from tests.export.decoders import (
     MAX_LENGTH,
@@ -153,11 +153,7 @@ def test_an_instruction_format_flag_is_written_and_a_bad_one_refused(tmp_path, c
 
 def template_feeds(bundle, manifest, pairs, instruction=None):
     tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
-    template = PairTemplate(
-        manifest.rerank_template,
-        lambda texts, special: tok.encode_batch(texts, add_special_tokens=special),
-        manifest.max_length,
-    )
+    template = PairTemplate(manifest.rerank_template, with_tokenizer(tok), manifest.max_length)
     sequences = template.sequences(pairs, instruction)
     ids, mask = pad_batch([s.ids for s in sequences], manifest.special_tokens.pad)
     return {"input_ids": ids, "attention_mask": mask}, sequences

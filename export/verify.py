@@ -43,6 +43,10 @@ PROBE_PAIRS = [
     ("Café naïve résumé", "I love this! 😍🔥🚀 #blessed"),
 ]
 
+# Attention maps are compared on the probes cut to their first ATTENTION_PROBE_TOKENS tokens: at
+# full length they are L x B x h x N² numbers (6.7 GB for a 28-layer, 16-head model on 500-token
+# probes, twice: PyTorch's and the graph's), and whether they are right does not depend on N.
+ATTENTION_PROBE_TOKENS = 64
 FP32_MIN_COSINE = 0.99999
 LOGITS_MAX_ABS = 1e-4  # classifiers: relative to max(1, |logit|)
 FP16_MIN_COSINE = 0.999
@@ -72,6 +76,21 @@ def encode(
     if "token_type_ids" in inputs:
         feeds["token_type_ids"] = pad_types([e.type_ids for e in encodings], ids.shape[1])
     return feeds
+
+
+def attention_probes(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The probes' first ATTENTION_PROBE_TOKENS columns (right-padded: each row's first tokens)."""
+    return {name: x[:, :ATTENTION_PROBE_TOKENS] for name, x in feeds.items()}
+
+
+def torch_outputs(
+    model: nn.Module, ids: np.ndarray, mask: np.ndarray, token_type_ids: np.ndarray | None = None
+) -> np.ndarray:
+    """The primary output (embedding or logits) alone: no attention maps kept."""
+    types = None if token_type_ids is None else torch.from_numpy(token_type_ids)
+    with torch.no_grad():
+        out, _ = model(torch.from_numpy(ids), torch.from_numpy(mask), token_type_ids=types)
+    return out.numpy()
 
 
 def torch_reference(

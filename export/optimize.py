@@ -253,7 +253,9 @@ def _quantize(
     AVX-VNNI) where CPUID shows them, and with AVX2 widening multiplies elsewhere."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    large = external.initializer_bytes(onnx.load(str(fused), load_external_data=False))
+    # A graph with a data file beside it is past one protobuf: so will its int8 graph be (its
+    # embedding tables stay float32).
+    large = fused.with_name(fused.name + external.DATA_SUFFIX).exists()
     out.with_name(out.name + external.DATA_SUFFIX).unlink(missing_ok=True)  # else appended to
     quantize_dynamic(
         str(fused),
@@ -265,7 +267,7 @@ def _quantize(
         nodes_to_quantize=include,
         nodes_to_exclude=exclude,
         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
-        use_external_data_format=large > external.INLINE_LIMIT,
+        use_external_data_format=large,
     )
 
 
@@ -285,8 +287,9 @@ def to_int8(
     the precision the gate can see). Every node kept: the fp32 graph's quality, and the gate
     has nothing left to trade.
     """
-    model = onnx.load(str(fused), load_external_data=False)
+    model = external.load_lean(fused)
     candidates = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Attention")]
+    del model  # the search quantises from the file, many times
     _quantize(fused, out)
     tried = 1
     if passes(out):

@@ -12,6 +12,12 @@ rows of the LM head are all it needs: one logit whose sigmoid is exactly the car
 "Last" is found through the mask (left or right padding); the classifier also skips tokens
 equal to the pad id, as transformers pools it (`input_ids != pad_token_id`): a tokenizer that
 pads with its end token pools the token before it, there as here.
+
+Why headwise pads on the right, where Qwen3-Reranker's card pads on the left: its left-padded
+batch starts every row's positions at the padding (position ids count columns, not tokens), so
+a pair's score shifts with the longest pair it happens to be batched with. On the right, causal
+attention never lets a token see the padding after it and positions start at the pair's first
+token: each pair scores exactly as the card scores it alone, whatever it is batched with.
 """
 
 from __future__ import annotations

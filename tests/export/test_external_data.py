@@ -96,3 +96,15 @@ def test_a_sharded_checkpoint_exports_and_serves(tmp_path, fmt):
     with client_for(tmp_path / "bundle") as c:
         got = c.post("/encode", json={"inputs": TEXTS}).json()["embeddings"]
     np.testing.assert_allclose(np.array(got), want, atol=1e-4)
+
+
+def test_the_fp16_graph_stays_one_file_where_it_fits(family_tokenizers, tmp_path, monkeypatch):
+    """A limit between the float16 and float32 weights' sizes: the float32 graphs get a data
+    file, the float16 one (a 0.6B model's 1.2 GB) does not."""
+    folder = save_checkpoint(tmp_path / "tiny-bert", "bert", family_tokenizers["wordpiece"])
+    fp32 = (folder / "model.safetensors").stat().st_size
+    monkeypatch.setattr(external, "INLINE_LIMIT", int(0.75 * fp32))
+    manifest = export(folder, tmp_path / "bundle", "--fp16")
+    assert manifest.graphs["encoder"].data and manifest.graphs["attention"].data
+    assert not manifest.graphs["encoder_fp16"].data
+    assert not (tmp_path / "bundle" / "encoder.fp16.onnx.data").exists()

@@ -1,7 +1,14 @@
-"""Build a bundle folder: export, fuse, gate on fusion and parity, then write the manifest."""
+"""Build a bundle folder: export, fuse, gate on fusion and parity, then write the manifest.
+
+Any size: each graph is one ONNX file, or the graph and one external data file beside it when
+its weights pass what one protobuf holds (export/external.py); the manifest lists every file
+with its sha256. Memory: both graphs are traced first, then (with `release_weights`) the
+PyTorch weights are let go, so optimising and checking the graphs never holds them twice.
+"""
 
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
 import tempfile
@@ -15,13 +22,23 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
-from export import fused, optimize, outputs, quality, verify
+from export import external, fused, optimize, outputs, quality, templates, verify
 from export.onnx import OPSET, export_attention, export_serving, graph_inputs
 from models.outputs import MultiOutputEncoder
 from models.weights import LoadedModel
 from service.bundle import MANIFEST, sha256_file
 from service.engine.sessions import build_session
-from service.manifest import FileEntry, GraphEntry, Manifest, Precision, Source, SpecialTokens
+from service.manifest import (
+    DataFile,
+    FileEntry,
+    GraphEntry,
+    Manifest,
+    Precision,
+    RerankTemplate,
+    Source,
+    SpecialTokens,
+)
+from service.pipelines.template import PairTemplate, added_around, with_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +58,13 @@ class ExportOptions:
     int8_min_cosine: float = 0.0
     # Ship a graph whose attention did not fuse (marked fused=false) instead of failing.
     allow_unfused: bool = False
+    # A causal LM reranker's template (None: Qwen3-Reranker's card), and the format of an
+    # embedder's instructions (None: derived from its query prompt, if it has the form).
+    rerank_template: templates.TemplateSpec | None = None
+    instruction_format: str | None = None
+    # Move the PyTorch weights to the meta device once both graphs are traced (the CLI does:
+    # a large model is then never held twice); the LoadedModel is spent afterwards.
+    release_weights: bool = False
 
 
 def write_tokenizer(loaded: LoadedModel, out: Path) -> Tokenizer:
@@ -62,13 +86,25 @@ def _run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return build_session(path).run(None, feeds)
 
 
+def _serve(path: Path, feeds: dict[str, np.ndarray], heads: int) -> np.ndarray:
+    """The graph's primary output on the probes, in groups bounded in memory (verify.grouped)."""
+    session = build_session(path)
+    primary = [session.get_outputs()[0].name]
+    return verify.grouped(lambda f: session.run(primary, f)[0], feeds, heads)
+
+
 def _graph_entry(
     path: Path, precision: Precision, counts: dict[str, int], parity: verify.Parity, **extra
 ) -> GraphEntry:
+    data = [
+        DataFile(file=f.name, sha256=sha256_file(f), bytes=f.stat().st_size)
+        for f in external.data_files(path)
+    ]
     return GraphEntry(
         file=path.name,
         sha256=sha256_file(path),
         bytes=path.stat().st_size,
+        data=data,
         precision=precision,
         op_counts=counts,
         parity=parity,
@@ -77,12 +113,51 @@ def _graph_entry(
 
 
 def special_tokens(tok: Tokenizer, pad_id: int) -> SpecialTokens:
-    """The ids the family's post-processor adds around a text ([CLS] … [SEP], <s> … </s>)."""
-    enc = tok.encode("")
-    added = [i for i, special in zip(enc.ids, enc.special_tokens_mask, strict=True) if special]
+    """The ids the family's post-processor adds before a text (cls: [CLS], <s>) and after it
+    (sep: [SEP], </s>, a decoder's end token)."""
+    before, after = added_around(with_tokenizer(tok))
     return SpecialTokens(
-        cls=added[0] if added else None, sep=added[-1] if len(added) > 1 else None, pad=pad_id
+        cls=before[0] if before else None, sep=after[-1] if after else None, pad=pad_id
     )
+
+
+def rerank_template(loaded: LoadedModel, options: ExportOptions) -> RerankTemplate | None:
+    """A causal LM reranker's template with its answer tokens' ids; None for other models."""
+    if loaded.judge_ids is None:
+        if options.rerank_template is not None:
+            raise ValueError(
+                "a rerank template applies to a *ForCausalLM exported with --task rerank"
+            )
+        return None
+    spec = options.rerank_template or templates.QWEN3_RERANKER
+    if loaded.judge_tokens != (spec.yes, spec.no):
+        raise ValueError(f"the model was loaded judging {loaded.judge_tokens}, not the template's")
+    return spec.with_ids(*loaded.judge_ids)
+
+
+def probe_feeds(
+    tok: Tokenizer,
+    loaded: LoadedModel,
+    template: RerankTemplate | None,
+    inputs: list[str],
+) -> dict[str, np.ndarray]:
+    """The parity probes as the service will feed them: texts, pairs, or pairs through the
+    reranker's template (service/pipelines/template.py, the service's own code)."""
+    pad = loaded.config.pad_token_id
+    if loaded.task == "embed":
+        return verify.encode(tok, verify.PROBE_TEXTS, inputs, pad)
+    if template is None:
+        return verify.encode(tok, verify.PROBE_PAIRS, inputs, pad)
+    pairs = PairTemplate(template, with_tokenizer(tok), loaded.max_length)
+    sequences = pairs.sequences(verify.PROBE_PAIRS)
+    ids, mask = verify.pad_batch([s.ids for s in sequences], pad)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def release(loaded: LoadedModel) -> None:
+    """Hand the PyTorch weights back: the module stays, its tensors become meta tensors."""
+    loaded.model.to("meta")
+    gc.collect()
 
 
 def _check(
@@ -105,11 +180,13 @@ def _int8(
     fp32: np.ndarray,
     task: str,
     options: ExportOptions,
+    heads: int,
 ) -> GraphEntry:
     """The fastest int8 graph that passes the gate, with what the gate measured."""
 
     def probe_parity(candidate: Path) -> verify.Parity:
-        return verify.compare_outputs("encoder.onnx", _run(candidate, feeds)[0], fp32, task)
+        got = _serve(candidate, feeds, heads)
+        return verify.compare_outputs("encoder.onnx", got, fp32, task)
 
     def damage(candidate: Path) -> float:
         return 1.0 - probe_parity(candidate).min_cosine
@@ -163,13 +240,18 @@ def build_bundle(
     model = loaded.model.eval()
     inputs = graph_inputs(model)
     task = loaded.task
+    template = rerank_template(loaded, options)
+    instructions = templates.instruction_format(loaded.prompts, options.instruction_format)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp_name:
         tmp = Path(tmp_name)
         tok = write_tokenizer(loaded, tmp / "tokenizer.json")
-        probes = verify.PROBE_TEXTS if task == "embed" else verify.PROBE_PAIRS
-        feeds = verify.encode(tok, probes, inputs, cfg.pad_token_id)
-        want, want_attn = verify.torch_reference(model, *feeds.values())
+        feeds = probe_feeds(tok, loaded, template, inputs)
+        probes = len(feeds["input_ids"])
+        heads = cfg.n_heads
+        want = verify.grouped(lambda f: verify.torch_outputs(model, *f.values()), feeds, heads)
+        short = verify.attention_probes(feeds)
+        want_short, want_attn = verify.torch_reference(model, *short.values())
         graphs: dict[str, GraphEntry] = {}
         multi = model if isinstance(model, MultiOutputEncoder) else None
         if multi is not None and options.int8:
@@ -179,14 +261,22 @@ def build_bundle(
             )
         want_outputs = outputs.torch_outputs(multi, feeds) if multi is not None else {}
 
-        raw = tmp / "raw.onnx"
+        # Each raw graph in a folder of its own: past 2 GiB torch writes a file per tensor.
+        raw, attn_raw = tmp / "raw" / "encoder.onnx", tmp / "raw-attention" / "attention.onnx"
+        raw.parent.mkdir()
+        attn_raw.parent.mkdir()
         plan = fused.plan(cfg)
         export_serving(model, raw, emit_fused=plan.kind == "emit")
+        export_attention(model, attn_raw)
+        if options.release_weights:
+            del model
+            release(loaded)
+
         fused_path = tmp / "encoder.onnx"
         report = optimize.fuse(raw, fused_path, cfg, plan, options.allow_unfused)
-        raw.unlink()
+        shutil.rmtree(raw.parent)
         fusion = {"fused": report.fused, "unfused_reason": report.unfused_reason}
-        fp32 = _run(fused_path, feeds)[0]
+        fp32 = _serve(fused_path, feeds, heads)
         parity = _check(fp32, want, "encoder.onnx", task, verify.FP32_MIN_COSINE)
         extra = {}
         if multi is not None:
@@ -196,21 +286,23 @@ def build_bundle(
         )
 
         attn_path = tmp / "attention.onnx"
-        export_attention(model, attn_path)
-        emb, attn = _run(attn_path, feeds)
-        parity = _check(emb, want, "attention.onnx", task, verify.FP32_MIN_COSINE)
-        attn_diff = verify.attention_diff(attn, want_attn, feeds["attention_mask"])
+        external.rewrite(attn_raw, attn_path)
+        shutil.rmtree(attn_raw.parent)
+        emb, attn = _run(attn_path, short)
+        parity = _check(emb, want_short, "attention.onnx", task, verify.FP32_MIN_COSINE)
+        attn_diff = verify.attention_diff(attn, want_attn, short["attention_mask"])
+        del attn, want_attn
         parity = parity.model_copy(update={"attention_max_abs_diff": attn_diff})
         if not attn_diff <= verify.ATTENTION_MAX_ABS:
             raise verify.ParityError(f"attention.onnx: attention maps differ by {attn_diff:.3g}")
-        graphs["attention"] = _graph_entry(
-            attn_path, "fp32", optimize.op_counts(onnx.load(str(attn_path))), parity
-        )
+        counts = optimize.op_counts(onnx.load(str(attn_path), load_external_data=False))
+        graphs["attention"] = _graph_entry(attn_path, "fp32", counts, parity)
 
         if options.fp16:
             path = tmp / "encoder.fp16.onnx"
             counts = optimize.to_fp16(fused_path, path)
-            parity = verify.compare_outputs("encoder.onnx", _run(path, feeds)[0], fp32, task)
+            got = _serve(path, feeds, heads)
+            parity = verify.compare_outputs("encoder.onnx", got, fp32, task)
             verify.require(parity, path.name, verify.FP16_MIN_COSINE)
             extra = {}
             if multi is not None:
@@ -220,7 +312,7 @@ def build_bundle(
             graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity, **fusion, **extra)
         if options.int8:
             path = tmp / "encoder.int8.onnx"
-            entry = _int8(fused_path, path, tok, feeds, fp32, task, options)
+            entry = _int8(fused_path, path, tok, feeds, fp32, task, options, heads)
             graphs["encoder_int8"] = entry.model_copy(update=fusion)
 
         specials = special_tokens(tok, cfg.pad_token_id)
@@ -241,6 +333,8 @@ def build_bundle(
             output_dim=_output_dim(loaded),
             prompts=loaded.prompts,
             default_prompt_name=loaded.default_prompt_name,
+            instruction_format=instructions,
+            rerank_template=template,
             labels=loaded.labels,
             problem_type=loaded.problem_type,
             special_tokens=specials,
@@ -248,7 +342,7 @@ def build_bundle(
             inputs=inputs,
             graphs=graphs,
             tokenizer=FileEntry(file="tokenizer.json", sha256=sha256_file(tmp / "tokenizer.json")),
-            probe_texts=len(probes),
+            probe_texts=probes,
             versions={
                 "torch": torch.__version__,
                 "onnx": onnx.__version__,

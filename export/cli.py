@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from export import quality
+from export import quality, templates
 from export.bundle import ExportOptions, build_bundle
 from export.optimize import FusionError
 from export.sources import resolve
@@ -40,6 +40,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "several labels, else embed (with the sparse or multi-vector outputs its files have: "
         "bge-m3's heads, a SparseEncoder's SpladePooling, PyLate's ColBERT); sparse: a "
         "*ForMaskedLM checkpoint as SPLADE (max over tokens of log(1 + relu(logits)))",
+    )
+    p.add_argument(
+        "--rerank-template",
+        type=Path,
+        help="a *ForCausalLM reranker's template: JSON with prefix, suffix, format ({instruction}, "
+        "{query}, {document}), instruction (the default) and yes, no (the answer tokens); "
+        "default: Qwen3-Reranker's model card",
+    )
+    p.add_argument(
+        "--instruction-format",
+        help="how a request's instruction wraps a query, e.g. 'Instruct: {instruction}\\nQuery:"
+        "{text}' (a typed \\n is a newline; default: from a query prompt of that form, else no "
+        "instructions)",
     )
     p.add_argument(
         "--allow-unfused",
@@ -82,12 +95,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         resolved = resolve(args.model, args.revision, args.name)
+        template = templates.read_template(args.rerank_template) if args.rerank_template else None
+        judge = template or templates.QWEN3_RERANKER
         loaded = load_pretrained(
             resolved.folder,
             name=resolved.name,
             max_length=args.max_length,
             pooling=args.pooling,
             task=None if args.task == "sparse" else args.task,
+            judge=(judge.yes, judge.no),
         )
         loaded = with_outputs(loaded, sparse=args.task == "sparse", pooling=args.pooling)
         manifest = build_bundle(
@@ -101,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
                 int8_min_spearman=args.int8_min_spearman,
                 int8_min_cosine=args.int8_min_cosine,
                 allow_unfused=args.allow_unfused,
+                rerank_template=template,
+                instruction_format=args.instruction_format
+                and args.instruction_format.replace("\\n", "\n"),
+                release_weights=True,  # nothing here needs the PyTorch weights after export
             ),
             source=resolved.source,
         )
@@ -110,10 +130,11 @@ def run(args: argparse.Namespace) -> int:
     for key, graph in manifest.graphs.items():
         p = graph.parity
         log.info(
-            "%-13s %-22s %6.1f MB  min cos %.7f vs %s  ops %s%s",
+            "%-13s %-22s %6.1f MB%s  min cos %.7f vs %s  ops %s%s",
             key,
             graph.file,
-            graph.bytes / 1e6,
+            graph.total_bytes / 1e6,
+            f" ({', '.join(d.file for d in graph.data)})" if graph.data else "",
             p.min_cosine,
             p.reference,
             graph.op_counts,

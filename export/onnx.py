@@ -4,7 +4,9 @@ Both graphs take `inputs` (input_ids, attention_mask, and token_type_ids for a B
 cross-encoder, whose pairs need them) and put the primary output first: the pooled sentence
 embedding (task embed) or the logits (rerank, classify). A model with other outputs
 (models/outputs.py: lexical weights, a SPLADE vector, token vectors) has them all in its
-serving graph, its primary one first (the dense vector when it has one).
+serving graph, its primary one first (the dense vector when it has one). A model past 2 GiB of
+weights is written with torch's external data (one file per tensor, beside the graph: give each
+graph its own folder); export/external.py re-saves it as one graph and one data file.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from export.external import lean_tracing
 from export.fused import ort_kernels
 from models.encoder import SentenceEncoder
 from models.outputs import TOKEN_VECTORS, TOKEN_WEIGHTS, MultiOutputEncoder
@@ -24,9 +27,6 @@ from models.outputs import TOKEN_VECTORS, TOKEN_WEIGHTS, MultiOutputEncoder
 log = logging.getLogger(__name__)
 
 OPSET = 17
-# One ONNX file is one protobuf, which cannot exceed 2 GiB; larger models (XLM-R large:
-# multilingual-e5-large, bge-m3) would need external-data graphs, which export does not write.
-MAX_GRAPH_BYTES = 2**31 - 1
 INPUTS = ["input_ids", "attention_mask"]
 TOKEN_TYPES = "token_type_ids"
 
@@ -105,7 +105,7 @@ def _export(module: nn.Module, model: nn.Module, path: Path, outputs: list[str],
     module.eval()
     inputs = graph_inputs(model)
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), lean_tracing(model):
         # The TorchScript exporter is the one whose graph shape ONNX Runtime's BERT fusion
         # matches; it warns that it is deprecated.
         warnings.simplefilter("ignore")
@@ -123,20 +123,10 @@ def _export(module: nn.Module, model: nn.Module, path: Path, outputs: list[str],
     log.info("exported %s", path)
 
 
-def check_size(model: nn.Module) -> None:
-    size = sum(p.numel() * p.element_size() for p in model.parameters())
-    if size > MAX_GRAPH_BYTES:
-        raise ValueError(
-            f"the model's weights take {size / 2**30:.2f} GiB: more than one ONNX file can hold "
-            "(2 GiB); external-data graphs are not supported yet"
-        )
-
-
 def export_serving(model: nn.Module, path: Path, emit_fused: bool = False) -> None:
     """The serving graph: the explicit attention path (whose shape ORT's BERT fusion matches),
     or with `emit_fused` ONNX Runtime's MultiHeadAttention and RotaryEmbedding nodes written
     in its place (export/fused.py)."""
-    check_size(model)
     if model.cfg.attention_impl != "explicit":
         raise ValueError("export needs the explicit attention path: its shape is what ORT fuses")
     out = primary_output(model)

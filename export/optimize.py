@@ -13,6 +13,7 @@ the manifest says why).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import onnx
 
+from export import external
 from export.fused import Plan, expected_nodes
 from models.config import EncoderConfig
 
@@ -154,24 +156,28 @@ def fuse(
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
+    raw, out = raw.resolve(), out.resolve()
     options = FusionOptions("bert")
     # The raw 2-D mask, not a 1-D "sequence length" index: the latter silently assumes right
     # padding, and a bundle is a public artefact that callers may feed left-padded batches.
     options.attention_mask_format = AttentionMaskFormat.AttentionMask
 
     def optimize(model: onnx.ModelProto):
-        return optimize_model(
-            model,
-            model_type="bert",
-            num_heads=cfg.n_heads,
-            hidden_size=cfg.d_model,
-            optimization_options=options,
-            opt_level=0,
-            use_gpu=False,
-        )
+        # The weights stay on disk (lean): a fusion that reads one (q, k, v to pack) finds it
+        # relative to the working directory, the raw graph's folder.
+        with contextlib.chdir(raw.parent):
+            return optimize_model(
+                model,
+                model_type="bert",
+                num_heads=cfg.n_heads,
+                hidden_size=cfg.d_model,
+                optimization_options=options,
+                opt_level=0,
+                use_gpu=False,
+            )
 
     def unfused(reason: str):
-        optimized = optimize(onnx.load(str(raw)))
+        optimized = optimize(external.load_lean(raw))
         counts = Counter(node.op_type for node in optimized.model.graph.node)
         report = FusionReport(
             op_counts(optimized.model),
@@ -186,11 +192,11 @@ def fuse(
         log.warning("shipping an UNFUSED graph: %s", plan.reason)
         optimized, report = unfused(plan.reason or "no fused kernel")
     elif plan.kind == "emit":
-        optimized = optimize(onnx.load(str(raw)))
+        optimized = optimize(external.load_lean(raw))
         report = check_emitted(optimized.model, cfg)
     else:
         try:
-            model = onnx.load(str(raw))
+            model = external.load_lean(raw)
             bias = detach_attention_bias(model) if cfg.relative_attention_buckets > 0 else None
             optimized = optimize(model)
             if bias is not None:
@@ -201,7 +207,8 @@ def fuse(
                 raise
             log.warning("shipping an UNFUSED graph (allowed by flag): %s", exc)
             optimized, report = unfused(f"allowed by --allow-unfused: {exc}")
-    optimized.save_model_to_file(str(out))
+    optimized.topological_sort()
+    external.save(optimized.model, out, raw.parent)
     log.info("%s %s: %s", cfg.architecture, out.name, report.describe())
     return report
 
@@ -217,11 +224,12 @@ def to_fp16(fused: Path, out: Path) -> dict[str, int]:
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    model = OnnxModel(onnx.load(str(fused)))
+    model = OnnxModel(external.load(fused))
     model.convert_float_to_float16(
         keep_io_types=True, op_block_list=[*DEFAULT_OP_BLOCK_LIST, "Gemm"]
     )
-    model.save_model_to_file(str(out))
+    model.topological_sort()
+    external.save(model.model, out)  # one file where it fits (a 0.6B model's 1.2 GB does)
     return op_counts(model.model)
 
 
@@ -245,6 +253,10 @@ def _quantize(
     AVX-VNNI) where CPUID shows them, and with AVX2 widening multiplies elsewhere."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    # A graph with a data file beside it is past one protobuf: so will its int8 graph be (its
+    # embedding tables stay float32).
+    large = fused.with_name(fused.name + external.DATA_SUFFIX).exists()
+    out.with_name(out.name + external.DATA_SUFFIX).unlink(missing_ok=True)  # else appended to
     quantize_dynamic(
         str(fused),
         str(out),
@@ -255,6 +267,7 @@ def _quantize(
         nodes_to_quantize=include,
         nodes_to_exclude=exclude,
         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+        use_external_data_format=large,
     )
 
 
@@ -274,18 +287,20 @@ def to_int8(
     the precision the gate can see). Every node kept: the fp32 graph's quality, and the gate
     has nothing left to trade.
     """
-    model = onnx.load(str(fused), load_external_data=False)
+    model = external.load_lean(fused)
     candidates = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Attention")]
+    del model  # the search quantises from the file, many times
     _quantize(fused, out)
     tried = 1
     if passes(out):
-        return Int8Report(op_counts(onnx.load(str(out))), [], len(candidates), tried)
+        return Int8Report(_counts(out), [], len(candidates), tried)
     probe = out.with_suffix(".probe.onnx")
     hurt = {}
     for name in candidates:
         _quantize(fused, probe, include=[name])
         hurt[name] = damage(probe)
-    probe.unlink(missing_ok=True)
+    for f in (probe, *external.data_files(probe)):
+        f.unlink(missing_ok=True)
     ranked = sorted(candidates, key=hurt.get, reverse=True)
     lo, hi = 1, len(ranked)  # fewest kept that may pass .. known to pass (all kept)
     while lo < hi:
@@ -299,4 +314,8 @@ def to_int8(
     kept = ranked[:hi]
     _quantize(fused, out, exclude=kept)
     log.info("int8: kept %d of %d nodes in fp32 (%d graphs scored)", len(kept), len(ranked), tried)
-    return Int8Report(op_counts(onnx.load(str(out))), kept, len(candidates), tried)
+    return Int8Report(_counts(out), kept, len(candidates), tried)
+
+
+def _counts(path: Path) -> dict[str, int]:
+    return op_counts(onnx.load(str(path), load_external_data=False))

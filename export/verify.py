@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from tokenizers import Tokenizer
@@ -43,6 +45,14 @@ PROBE_PAIRS = [
     ("Café naïve résumé", "I love this! 😍🔥🚀 #blessed"),
 ]
 
+# Attention maps are compared on the probes cut to their first ATTENTION_PROBE_TOKENS tokens: at
+# full length they are L x B x h x N² numbers (6.7 GB for a 28-layer, 16-head model on 500-token
+# probes, twice: PyTorch's and the graph's), and whether they are right does not depend on N.
+ATTENTION_PROBE_TOKENS = 64
+# The probes run in length-sorted groups whose score tensors (rows x heads x N²) stay under this
+# many numbers (512 MB in float32): one padded batch of all of them, at a long model's full
+# length, held 8 GB in PyTorch and again in ONNX Runtime (bge-m3's 8192).
+PROBE_SCORES = 2**27
 FP32_MIN_COSINE = 0.99999
 LOGITS_MAX_ABS = 1e-4  # classifiers: relative to max(1, |logit|)
 FP16_MIN_COSINE = 0.999
@@ -72,6 +82,46 @@ def encode(
     if "token_type_ids" in inputs:
         feeds["token_type_ids"] = pad_types([e.type_ids for e in encodings], ids.shape[1])
     return feeds
+
+
+def attention_probes(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The probes' first ATTENTION_PROBE_TOKENS columns (right-padded: each row's first tokens)."""
+    return {name: x[:, :ATTENTION_PROBE_TOKENS] for name, x in feeds.items()}
+
+
+def probe_groups(feeds: dict[str, np.ndarray], heads: int) -> list[np.ndarray]:
+    """Row indices of the probes in length-sorted groups, each under PROBE_SCORES."""
+    lengths = feeds["attention_mask"].sum(1)
+    groups: list[list[int]] = [[]]
+    for i in np.argsort(lengths, kind="stable"):
+        n = max(int(lengths[i]), 1)  # the longest so far: sorted ascending
+        if groups[-1] and (len(groups[-1]) + 1) * heads * n * n > PROBE_SCORES:
+            groups.append([])
+        groups[-1].append(int(i))
+    return [np.array(g) for g in groups]
+
+
+def grouped(
+    run: Callable[[dict[str, np.ndarray]], np.ndarray], feeds: dict[str, np.ndarray], heads: int
+) -> np.ndarray:
+    """run(feeds) over the probes group by group (each cut to its own longest row: the probes
+    are right-padded), the rows put back in their order."""
+    parts = {}
+    for rows in probe_groups(feeds, heads):
+        width = max(int(feeds["attention_mask"][rows].sum(1).max()), 1)
+        out = run({name: x[rows, :width] for name, x in feeds.items()})
+        parts.update(zip(rows.tolist(), out, strict=True))
+    return np.stack([parts[i] for i in range(len(parts))])
+
+
+def torch_outputs(
+    model: nn.Module, ids: np.ndarray, mask: np.ndarray, token_type_ids: np.ndarray | None = None
+) -> np.ndarray:
+    """The primary output (embedding or logits) alone: no attention maps kept."""
+    types = None if token_type_ids is None else torch.from_numpy(token_type_ids)
+    with torch.no_grad():
+        out, _ = model(torch.from_numpy(ids), torch.from_numpy(mask), token_type_ids=types)
+    return out.numpy()
 
 
 def torch_reference(

@@ -20,6 +20,8 @@ as a second model:
 - `disentangled`: DeBERTa's c2p/p2c score terms (models/disentangled.py), with its
   `position_buckets`, `max_relative_positions`, `share_att_key` and LayerNorm'd table.
 - `dense_layers`: sentence-transformers' Dense modules after pooling, (in, out, bias) each.
+- `causal`: a decoder's self-attention (Qwen3): query i sees keys j <= i only. The stack is
+  otherwise the same pre-norm one; models/decoder.py has the heads a decoder adds.
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ Architecture = Literal[
     "nomic-bert",
     "gemma3",
     "deberta-v2",
+    "qwen3",
 ]
 # A family's sequence-classification head, as its checkpoints lay it out (models/heads.py).
-HeadKind = Literal["pooler_tanh", "dense_tanh", "dense_relu", "dense_gelu", "dense_gelu_norm"]
+# "linear": one bias-free projection of the last token's vector (Qwen3ForSequenceClassification).
+HeadKind = Literal[
+    "pooler_tanh", "dense_tanh", "dense_relu", "dense_gelu", "dense_gelu_norm", "linear"
+]
 
 CHOICES = {
     "positions": ("learned", "sinusoidal", "rotary", "none"),
@@ -84,7 +90,8 @@ class EncoderConfig:
     n_kv_heads: int = 0  # 0: n_heads; fewer: grouped-query attention
     scale_dim: int = 0  # scores are divided by √scale_dim; 0: d_k
     attn_softcap: float = 0.0  # cap · tanh(score / cap); 0: none
-    qk_norm: bool = False  # per-head norm of q and k (Gemma 3)
+    qk_norm: bool = False  # per-head norm of q and k (Gemma 3, Qwen3)
+    causal: bool = False  # query i sees keys j <= i (a decoder: Qwen3)
     # --- rotary positions and local windows --------------------------------------------------
     rotary_theta: float = 10000.0
     local_rotary_theta: float = 0.0  # 0: rotary_theta
@@ -163,6 +170,10 @@ class EncoderConfig:
             raise ValueError(f"local_layers {bad} are not layers of {self.n_layers}")
         if self.local_layers and self.local_window <= 0:
             raise ValueError("local_layers need a local_window > 0")
+        if self.causal and (self.local_layers or self.disentangled):
+            raise ValueError(
+                "causal attention with local windows or DeBERTa's terms is unsupported"
+            )
         if self.attn_softcap and self.attention_impl == "sdpa":
             raise ValueError("attn_softcap needs attention_impl 'explicit'")
         if self.disentangled:

@@ -1,5 +1,8 @@
 """Transformer encoder: embeddings, N × (attention + FFN, residual, norm), pooling.
 
+A decoder (Qwen3) is the same pre-norm stack with causal self-attention (`cfg.causal`): every
+layer's query i sees keys j <= i. Its heads are in models/decoder.py.
+
 Which layers a family uses is configuration (models/config.py): where the norms sit
 (post/pre/sandwich), which FFN, which positions; the per-input tables every layer shares
 (rotary cos/sin, the local band, MPNet's bias, DeBERTa's relative embeddings) are computed once
@@ -63,6 +66,7 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.placement = cfg.norm
         self.local = index in cfg.local_layers
+        self.causal = cfg.causal
 
     def forward(
         self,
@@ -73,7 +77,13 @@ class EncoderLayer(nn.Module):
         **positional: tuple[Tensor, Tensor] | Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, N, d); mask (B, N) 1 = real token; positional: window, rotary, relative."""
-        attend = dict(key_padding_mask=mask, need_weights=need_weights, bias=bias, **positional)
+        attend = dict(
+            key_padding_mask=mask,
+            causal=self.causal,
+            need_weights=need_weights,
+            bias=bias,
+            **positional,
+        )
         if self.placement == "post":
             a, weights = self.attn(x, **attend)
             x = self.norm1(x + self.dropout(a))

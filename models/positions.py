@@ -10,11 +10,15 @@ from torch import Tensor, nn
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)  ->  (n_positions, d)."""
-    position = torch.arange(n_positions, dtype=torch.float32)[:, None]  # (P, 1)
+    # On the CPU even while a model is built on the meta device (the loader's): it is computed,
+    # never read from a checkpoint.
+    cpu = torch.device("cpu")
+    position = torch.arange(n_positions, dtype=torch.float32, device=cpu)[:, None]  # (P, 1)
     div = torch.exp(
-        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+        torch.arange(0, d_model, 2, dtype=torch.float32, device=cpu)
+        * (-math.log(10000.0) / d_model)
     )
-    table = torch.zeros(n_positions, d_model)
+    table = torch.zeros(n_positions, d_model, device=cpu)
     table[:, 0::2] = torch.sin(position * div)
     table[:, 1::2] = torch.cos(position * div[: d_model // 2])
     return table

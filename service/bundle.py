@@ -8,6 +8,10 @@ BUNDLE/
   attention.onnx      unfused debug graph: -> sentence_embedding, attentions (L, B, h, N, N)
   encoder.fp16.onnx   optional, for the GPU
   encoder.int8.onnx   optional, for the CPU
+  *.onnx.data         a graph's weights, beside it, when they pass what one ONNX file holds
+                      (2 GiB): ONNX Runtime reads them from the graph's folder
+
+Every file the manifest lists, external data included, is checked against its sha256.
 """
 
 from __future__ import annotations
@@ -54,8 +58,10 @@ class Bundle:
             raise BundleError(f"{self.root} has no {key!r} graph (it has: {', '.join(graphs)})")
         return self.root / graphs[key].file
 
-    def graph_bytes(self) -> int:
-        return sum(g.bytes for g in self.manifest.graphs.values())
+    def graph_bytes(self, keys: list[GraphKey] | None = None) -> int:
+        """What the graphs (all, or those named) take on disk, external data included."""
+        graphs = self.manifest.graphs
+        return sum(g.total_bytes for k, g in graphs.items() if keys is None or k in keys)
 
 
 def read_manifest(path: Path) -> Manifest:

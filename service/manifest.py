@@ -7,10 +7,14 @@ is checked first, so a bundle from another headwise version is refused with both
 
 from __future__ import annotations
 
+import string
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# 4: sparse and multi-vector outputs (Manifest.outputs); graphs over 2 GiB keep their weights in
+# external data files (GraphEntry.data); decoders' instruction format and a causal LM
+# reranker's template.
 FORMAT_VERSION = 4
 
 Task = Literal["embed", "rerank", "classify"]
@@ -70,8 +74,15 @@ class FileEntry(Frozen):
     sha256: str
 
 
-class GraphEntry(FileEntry):
+class DataFile(FileEntry):
     bytes: int
+
+
+class GraphEntry(FileEntry):
+    bytes: int  # the graph file itself
+    # A graph whose weights pass what one protobuf holds (2 GiB) keeps them in one external data
+    # file beside it (ONNX's external data, which ONNX Runtime reads from the graph's folder).
+    data: list[DataFile] = Field(default_factory=list)
     precision: Precision
     op_counts: dict[str, int]
     parity: Parity
@@ -84,6 +95,56 @@ class GraphEntry(FileEntry):
     quality: RetrievalQuality | None = None  # int8 of an embedding model: what its gate measured
     # The serving graph's other outputs (sparse, token vectors) against PyTorch, by output name.
     output_parity: dict[str, Parity] = Field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        """The graph and its external data: what loading it costs."""
+        return self.bytes + sum(d.bytes for d in self.data)
+
+    def files(self) -> dict[str, str]:
+        """file name -> sha256 of the graph and each of its data files."""
+        return {self.file: self.sha256, **{d.file: d.sha256 for d in self.data}}
+
+
+def placeholders(fmt: str) -> list[str]:
+    """The {names} of a str.format string, in order (a malformed one raises ValueError)."""
+    return [name for _, name, _, _ in string.Formatter().parse(fmt) if name is not None]
+
+
+def check_format(fmt: str, names: tuple[str, ...], what: str) -> str:
+    """`fmt` holds each of `names` exactly once and nothing else to fill in."""
+    try:
+        found = placeholders(fmt)
+    except ValueError as exc:
+        raise ValueError(f"{what} {fmt!r} is not a format string: {exc}") from None
+    if sorted(found) != sorted(names):
+        want = ", ".join("{" + n + "}" for n in names)
+        raise ValueError(f"{what} {fmt!r} must hold {want} once each (found {found})")
+    return fmt
+
+
+class RerankTemplate(Frozen):
+    """How a causal LM reranker (Qwen3-Reranker) reads a pair, as its model card formats it:
+
+        prefix + format(instruction, query, document) + suffix
+
+    prefix and suffix are tokenised on their own and never cut; the middle is cut at its end
+    (the document first, then the query) to fit the max length. The score is P(yes) =
+    softmax([z_no, z_yes])[1] at the last position: the graph outputs z_yes - z_no."""
+
+    prefix: str
+    suffix: str
+    format: str
+    instruction: str  # the default, when a request sends none
+    yes: str
+    no: str
+    yes_id: int
+    no_id: int
+
+    @field_validator("format")
+    @classmethod
+    def _three_fields(cls, value: str) -> str:
+        return check_format(value, ("instruction", "query", "document"), "the template's format")
 
 
 class Source(Frozen):
@@ -162,6 +223,11 @@ class Manifest(Frozen):
     # sentence-transformers' prompts: name -> text prepended to the input.
     prompts: dict[str, str] = Field(default_factory=dict)
     default_prompt_name: str | None = None
+    # How a request's free `instruction` wraps a query (Qwen3-Embedding:
+    # "Instruct: {instruction}\nQuery:{text}"); None: the model takes no instruction.
+    instruction_format: str | None = None
+    # A causal LM reranker's template (task rerank); None: pairs as the tokenizer pairs them.
+    rerank_template: RerankTemplate | None = None
     # Rerank / classify: one entry per output logit, and the activation the scores get.
     labels: list[str] = Field(default_factory=list)
     problem_type: Literal["single_label", "multi_label", "regression"] | None = None
@@ -182,12 +248,19 @@ class Manifest(Frozen):
     sparse: SparseOutput | None = None
     multi_vector: MultiVectorOutput | None = None
 
+    @field_validator("instruction_format")
+    @classmethod
+    def _instruction_and_text(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return check_format(value, ("instruction", "text"), "instruction_format")
+
     @property
     def dimensions(self) -> int:
         return self.output_dim or self.d_model
 
     def files(self) -> dict[str, str]:
-        """file name -> sha256 for every file the manifest lists."""
-        listed = {g.file: g.sha256 for g in self.graphs.values()}
+        """file name -> sha256 for every file the manifest lists (external data included)."""
+        listed = {name: sha for g in self.graphs.values() for name, sha in g.files().items()}
         listed[self.tokenizer.file] = self.tokenizer.sha256
         return listed

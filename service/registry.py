@@ -18,13 +18,24 @@ from typing import Literal
 
 import numpy as np
 
+from service.bundle import MANIFEST, BundleError, read_manifest
 from service.engine.admission import Admission
 from service.engine.batch_policy import BatchPolicy
 from service.engine.batcher import DynamicBatcher, Infer
-from service.engine.memory import LARGE_REQUESTS, memory_budget, rss_bytes
+from service.engine.memory import (
+    LARGE_REQUESTS,
+    ModelCost,
+    attention_bytes,
+    check_fit,
+    encode_batch_bytes,
+    memory_budget,
+    memory_limit,
+    request_bytes,
+    rss_bytes,
+)
 from service.engine.runtime import Backend, DeviceUnavailable
 from service.errors import ModelNotFound, Unavailable, WrongTask
-from service.manifest import Manifest
+from service.manifest import GraphKey, Manifest
 from service.metrics import Metrics
 from service.pipelines.attention.pipeline import AttentionPipeline
 from service.pipelines.base import Intake
@@ -33,6 +44,7 @@ from service.pipelines.embed import EmbedPipeline
 from service.pipelines.explain.pipeline import ExplainPipeline, Traffic
 from service.pipelines.outputs import OutputsPipeline, expansion_pad, outputs_infer
 from service.pipelines.score import ScorePipeline
+from service.pipelines.template import templated
 from service.settings import Settings
 from service.tensors import Batch
 
@@ -99,9 +111,32 @@ class ModelSpec:
 Loader = Callable[[ModelSpec, Settings], Backend]
 
 
-def batch_policy(s: Settings, inline: bool = False, d_model: int = 0) -> BatchPolicy:
-    """inline: the backend's runs may run on the event loop (Backend.inline); d_model: the
-    model's width, which sets where attention's n² cost overtakes the rest (0: linear)."""
+# all-MiniLM-L6-v2's multiply-adds per token (6 layers, d 384, FFN 1536): what
+# HEADWISE_CAPACITY_TOKENS_PER_S is assumed for until a model's batches are measured.
+REFERENCE_MACS_PER_TOKEN = 6 * (4 * 384 * 384 + 2 * 384 * 1536)
+
+
+def macs_per_token(m: Manifest) -> int:
+    """A token's multiply-adds through the layers' projections and FFN (attention's own N² term
+    and a gated FFN's third matrix left out: a lower bound, as the capacity it sizes)."""
+    heads = m.num_heads * (m.head_dim or m.d_model // m.num_heads)
+    return m.num_layers * (4 * m.d_model * heads + 2 * m.d_model * m.d_ff)
+
+
+def assumed_capacity(s: Settings, manifest: Manifest) -> float:
+    """The padded tokens/s admission assumes for a model until it has measured its batches:
+    the setting, scaled down by the model's compute per token past the reference model's (a
+    0.6B decoder computes ~40x more per token: admitting at MiniLM's rate would accept work
+    it cannot finish in time)."""
+    return s.capacity_tokens_per_s * min(1.0, REFERENCE_MACS_PER_TOKEN / macs_per_token(manifest))
+
+
+def batch_policy(
+    s: Settings, inline: bool = False, d_model: int = 0, assumed_tokens_per_s: float | None = None
+) -> BatchPolicy:
+    """inline: the backend's runs may run on the event loop (Backend.inline);
+    d_model: the model's width, which sets where attention's n² cost overtakes the rest (0:
+    linear); assumed_tokens_per_s: the model's (assumed_capacity), else the setting."""
     return BatchPolicy(
         quadratic_at=6 * d_model,
         max_batch_tokens=s.max_batch_tokens,
@@ -111,7 +146,7 @@ def batch_policy(s: Settings, inline: bool = False, d_model: int = 0) -> BatchPo
         max_padding_ratio=s.max_padding_ratio,
         max_queue=s.max_queue_texts,
         padding_slack=s.padding_slack_tokens,
-        assumed_tokens_per_s=s.capacity_tokens_per_s,
+        assumed_tokens_per_s=assumed_tokens_per_s or s.capacity_tokens_per_s,
         inline_max_tokens=s.inline_max_tokens if inline else 0,
     )
 
@@ -175,7 +210,12 @@ def build_model(
         infer: Infer, path: str, lane: bool = False, pad: int | None = None
     ) -> DynamicBatcher:
         """pad: the id batches are padded with (default the tokenizer's)."""
-        policy = batch_policy(settings, backend.inline and not lane, manifest.d_model)
+        policy = batch_policy(
+            settings,
+            backend.inline and not lane,
+            manifest.d_model,
+            assumed_capacity(settings, manifest),
+        )
         vocabulary = vocabulary_batch_tokens(manifest, settings)  # SPLADE's logits are wide
         policy.max_batch_tokens = min(policy.max_batch_tokens, vocabulary)
         if lane:  # one long sequence at a time: it is seconds of work
@@ -233,10 +273,15 @@ def build_model(
     if settings.attention_enabled and "attention" in manifest.graphs:
         # Its own admission: its batcher is paced and bounded by its own budget, apart.
         own = Admission(settings.request_timeout_s, 1.0)
-        model.attention = AttentionPipeline(name, backend, settings, metrics, own)
+        # A causal LM reranker's pairs are shown as its template builds them.
+        model.attention = AttentionPipeline(name, templated(backend), settings, metrics, own)
         model.batchers.append(model.attention.batcher)
     if model.score is None and "dense" not in manifest.outputs:
         return model  # explanations compare dense vectors (or scores)
+    if manifest.rerank_template is not None:
+        # Not yet: its pairs are one templated text whose words (the instruction's among them)
+        # would need mapping back to the query and the document before they can be occluded.
+        return model
     serving = model.embed or model.score
     assert serving is not None
     # Explanations run on the serving batchers (and lanes), with their traffic; their pacer
@@ -311,6 +356,50 @@ def load_backends(specs: Sequence[ModelSpec], loader: Loader, settings: Settings
     return backends
 
 
+def expected_graph(manifest: Manifest, settings: Settings) -> GraphKey:
+    """The serving graph a backend will load for these settings (before it is loaded)."""
+    keys: dict[str, GraphKey] = {"fp16": "encoder_fp16", "int8": "encoder_int8"}
+    if settings.precision in keys and keys[settings.precision] in manifest.graphs:
+        return keys[settings.precision]
+    if settings.precision == "auto" and settings.device == "cuda":
+        return "encoder_fp16" if "encoder_fp16" in manifest.graphs else "encoder"
+    return "encoder"
+
+
+def model_cost(
+    name: str, manifest: Manifest, graph: GraphKey, batchers: int, attention: bool, s: Settings
+) -> ModelCost:
+    """A model's share of the memory bound: its graphs (serving, and attention when it serves
+    /attention: a second copy of the weights), its batchers' largest batches, its /attention
+    budget."""
+    graphs = manifest.graphs[graph].total_bytes
+    working = batchers * encode_batch_bytes(
+        s.max_batch_tokens, manifest.max_length, manifest.d_model, manifest.num_heads
+    )
+    if attention:
+        graphs += manifest.graphs["attention"].total_bytes
+        working += attention_bytes(s.attention_budget_numbers)
+    return ModelCost(name, graphs, working)
+
+
+def costs_on_disk(specs: Sequence[ModelSpec], settings: Settings) -> list[ModelCost] | None:
+    """Each bundle's cost, from its manifest, before anything is loaded; None when a bundle
+    has no readable manifest (its loader says why)."""
+    costs = []
+    for spec in specs:
+        try:
+            manifest = read_manifest(spec.path / MANIFEST)
+        except (BundleError, OSError):
+            return None
+        attention = settings.attention_enabled and "attention" in manifest.graphs
+        batchers = 2 if manifest.task == "embed" else 1  # /embed_all's token output: its own
+        graph = expected_graph(manifest, settings)
+        costs.append(
+            model_cost(spec.name or manifest.name, manifest, graph, batchers, attention, settings)
+        )
+    return costs
+
+
 def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
@@ -350,6 +439,14 @@ class Registry:
         metrics: Metrics,
         routes_of: RoutesOf | None = None,
     ) -> Registry:
+        # The models must fit the memory the server may use: checked from the manifests before
+        # any graph is loaded (a model too large would be killed, not refused, while loading).
+        limit, source = memory_limit(settings.memory_limit_bytes)
+        base = rss_bytes()
+        requests = LARGE_REQUESTS * request_bytes(settings.max_body_bytes)
+        planned = costs_on_disk(specs, settings) if limit else None
+        if planned is not None:
+            check_fit(planned, base, requests, limit, source)
         backends = load_backends(specs, loader, settings)
         names = unique_names(specs, [b.manifest.name for b in backends])
         # One admission for all serving batchers: the models share the cores (or the GPU).
@@ -358,7 +455,10 @@ class Registry:
             build_model(n, b, settings, metrics, shared)
             for n, b in zip(names, backends, strict=True)
         ]
-        return cls(models, settings, metrics, routes_of)
+        registry = cls(models, settings, metrics, routes_of)
+        if limit and planned is None:  # bundles without manifests on disk (a custom loader)
+            check_fit(registry.costs(), base, requests, limit, source)
+        return registry
 
     def __iter__(self) -> Iterator[Model]:
         return iter(self.models.values())
@@ -415,8 +515,23 @@ class Registry:
             param="model",
         )
 
+    def costs(self) -> list[ModelCost]:
+        """Each served model's share of the memory bound, as loaded."""
+        return [
+            model_cost(
+                m.name,
+                m.backend.manifest,
+                m.backend.info.graph,
+                len(m.serving_batchers),
+                m.attention is not None,
+                self.settings,
+            )
+            for m in self
+        ]
+
     def memory(self) -> dict[str, int]:
-        """The documented peak for these settings and models (README: Memory)."""
+        """The documented peak for these settings and models (README: Memory), the models'
+        graphs' bytes (in warm) and the limit it must fit (0: none known)."""
         s = self.settings
         extra = sum(
             outputs_bytes(m.backend.manifest, s, len(m.serving_batchers)) for m in self
@@ -439,7 +554,8 @@ class Registry:
             s.max_body_bytes,
             LARGE_REQUESTS,
             outputs_bytes=extra,
-        )
+            models_bytes=sum(c.graph_bytes for c in self.costs()),
+        ) | {"limit_bytes": memory_limit(s.memory_limit_bytes)[0]}
 
     def activity(self) -> int:
         """Changes whenever a text is queued, a batch taken or a request answered (the heap

@@ -49,6 +49,13 @@ class Settings(BaseSettings):
         "plain malloc; arena: keeps the largest batch ever seen (fastest, never shrinks)",
     )
     verify_bundle: bool = Field(True, description="check every file's sha256 against the manifest")
+    memory_limit_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="memory the server may use: the start fails, naming the model that does not "
+        "fit, when the bound (GET /info: memory) passes it; unset: the container's cgroup limit "
+        "when readable; 0: not checked",
+    )
 
     # Batching
     max_batch_tokens: int = Field(
@@ -82,7 +89,9 @@ class Settings(BaseSettings):
     capacity_tokens_per_s: float = Field(
         2000.0,
         gt=0,
-        description="padded tokens/s assumed until batches are measured; sizes admission (413/429)",
+        description="padded tokens/s assumed until batches are measured; sizes admission (413/429); "
+        "for a model the size of all-MiniLM-L6-v2, a larger one's scaled down by its compute per "
+        "token",
     )
 
     openai_token_ids: bool = Field(

@@ -16,8 +16,20 @@ from models.families.deberta import DEBERTA_V2
 from models.families.gemma import GEMMA3
 from models.families.modernbert import MODERNBERT
 from models.families.nomic import NOMIC, NOMIC_REMOTE
+from models.families.qwen3 import QWEN3
 
-FAMILIES = (BERT, ROBERTA, DISTILBERT, MPNET, MODERNBERT, NOMIC, NOMIC_REMOTE, GEMMA3, DEBERTA_V2)
+FAMILIES = (
+    BERT,
+    ROBERTA,
+    DISTILBERT,
+    MPNET,
+    MODERNBERT,
+    NOMIC,
+    NOMIC_REMOTE,
+    GEMMA3,
+    DEBERTA_V2,
+    QWEN3,
+)
 
 
 def family_of(hf: dict[str, Any]) -> Family:
@@ -46,6 +58,7 @@ __all__ = [
     "MPNET",
     "NOMIC",
     "NOMIC_REMOTE",
+    "QWEN3",
     "ROBERTA",
     "Family",
     "encoder_config",

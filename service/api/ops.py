@@ -68,7 +68,14 @@ def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
         "fused": m.graphs[runtime.graph].fused,
         "unfused_reason": m.graphs[runtime.graph].unfused_reason,
         "fused_ops": m.graphs[runtime.graph].op_counts,
-        "graph_bytes": {key: g.bytes for key, g in m.graphs.items()},
+        "graph_bytes": {key: g.total_bytes for key, g in m.graphs.items()},
+        # Each graph's files (the graph, then its external data, if any) and their sizes.
+        "graph_files": {
+            key: {g.file: g.bytes, **{d.file: d.bytes for d in g.data}}
+            for key, g in m.graphs.items()
+        },
+        "instruction_format": m.instruction_format,
+        "rerank_template": m.rerank_template is not None,
         "tei": tei_info(model, settings),
     }
 

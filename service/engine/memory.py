@@ -1,6 +1,11 @@
-"""Process memory: what the kernel says we hold now, and the most we ever held.
+"""Process memory: what the kernel says we hold now, the most we ever held, the bound the
+settings and models allow, and whether it fits the memory the server may use.
 
-Read from /proc (Linux); elsewhere both read 0 rather than fail.
+Read from /proc (Linux); elsewhere both read 0 rather than fail. A model's size is its graphs'
+bytes on disk, external data included (a graph past 2 GiB keeps its weights beside it): ONNX
+Runtime holds about that much once the graph is loaded. The serving graph counts for every
+model, the attention graph for every model that serves /attention (a second copy of the
+weights: for a large model, the larger part of what /attention costs).
 """
 
 from __future__ import annotations
@@ -8,7 +13,9 @@ from __future__ import annotations
 import os
 import resource
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -65,11 +72,13 @@ def memory_budget(
     max_body_bytes: int,
     concurrent_requests: int,
     outputs_bytes: int = 0,
+    models_bytes: int = 0,
 ) -> dict[str, int]:
     """The documented peak: warm + every serving batcher's largest batch at once + the attention
     budgets + the requests in flight (+ what sparse and multi-vector outputs add: SPLADE's
     vocabulary-wide logits, the token vectors in flight). graphs: (batchers, max_length,
-    d_model, heads) a model."""
+    d_model, heads) a model. models_bytes: the loaded graphs' bytes, reported (warm, measured
+    once loaded, holds them)."""
     encode = sum(
         batchers * encode_batch_bytes(max_batch_tokens, n, d, h) for batchers, n, d, h in graphs
     )
@@ -77,6 +86,7 @@ def memory_budget(
     requests = concurrent_requests * request_bytes(max_body_bytes)
     return {
         "warm_bytes": warm_bytes,
+        "models_bytes": models_bytes,
         "encode_batches_bytes": encode,
         "attention_bytes": attention,
         "requests_bytes": requests,
@@ -84,6 +94,75 @@ def memory_budget(
         "outputs_bytes": outputs_bytes,
         "bound_bytes": warm_bytes + encode + attention + requests + outputs_bytes,
     }
+
+
+# cgroup v2, then v1; a value this large (v1's "no limit", 2^63 rounded to pages) is no limit.
+CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+UNLIMITED = 2**60
+
+
+class MemoryBoundError(RuntimeError):
+    """The models and settings need more memory than the server may use; names which model."""
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one served model adds to the bound."""
+
+    name: str
+    graph_bytes: int  # the graphs it loads (serving, and attention when served), data included
+    working_bytes: int  # its serving batchers' largest batches at once and its /attention budget
+
+
+def memory_limit(setting: int | None, cgroup: Sequence[Path] = CGROUP_LIMITS) -> tuple[int, str]:
+    """The memory the server may use, and where that figure comes from; (0, why) for none.
+    setting: HEADWISE_MEMORY_LIMIT_BYTES (None: the container's cgroup limit; 0: no check)."""
+    if setting is not None:
+        if setting == 0:
+            return 0, "HEADWISE_MEMORY_LIMIT_BYTES=0: not checked"
+        return setting, "HEADWISE_MEMORY_LIMIT_BYTES"
+    for path in cgroup:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < UNLIMITED:
+            return int(text), f"the container's cgroup limit ({path})"
+        return 0, f"no cgroup limit ({path}: {text})"
+    return 0, "no readable cgroup limit"
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_fit(
+    costs: Sequence[ModelCost], base_bytes: int, requests: int, limit: int, source: str
+) -> None:
+    """The bound (the process before its models, each model's graphs and working memory, the
+    requests in flight) under `limit`, or MemoryBoundError naming the first model that passes
+    it and by how much."""
+    if limit <= 0:
+        return
+    total = base_bytes + requests
+    before: list[str] = []
+    for cost in costs:
+        total += cost.graph_bytes + cost.working_bytes
+        if total > limit:
+            others = f"with {', '.join(before)}, " if before else ""
+            raise MemoryBoundError(
+                f"model {cost.name!r} does not fit in memory: its graphs take "
+                f"{gib(cost.graph_bytes)} and its largest batches and /attention budget "
+                f"{gib(cost.working_bytes)}; {others}the process ({gib(base_bytes)}) and the "
+                f"requests in flight ({gib(requests)}) the bound is {gib(total)}, "
+                f"{gib(total - limit)} over the limit of {gib(limit)} ({source}). Serve fewer "
+                "models, or lower HEADWISE_MAX_BATCH_TOKENS, a bundle's max length (export "
+                "--max-length) or /attention's cost (HEADWISE_ATTENTION_ENABLED=false)"
+            )
+        before.append(f"{cost.name!r} ({gib(cost.graph_bytes + cost.working_bytes)})")
 
 
 def _libc_trim() -> Callable[[int], int] | None:

@@ -166,6 +166,12 @@ class Chunker:
                 "late chunking needs the bundle's token output: re-export it with this headwise",
                 param="chunking.strategy",
             )
+        if chunking.strategy == "late" and self.manifest.pooling == "lasttoken":
+            raise WrongTask(
+                "late chunking averages a chunk's token states; this model pools its last token "
+                "(a decoder: each state sees only the text before it): use strategy separate",
+                param="chunking.strategy",
+            )
         if chunking.strategy == "late" and self.manifest.dimensions != self.manifest.d_model:
             raise WrongTask(
                 "late chunking pools the last layer's token states; this model's embedding "

@@ -1,4 +1,11 @@
-"""Texts in, vectors out: prompt, tokenise, queue (batched with other requests), post-process."""
+"""Texts in, vectors out: prompt, tokenise, queue (batched with other requests), post-process.
+
+A prompt is sentence-transformers' text prepended to the input. An instruction is a request's
+own task description, formatted as the model card formats a query (the manifest's
+`instruction_format`, Qwen3-Embedding's "Instruct: {instruction}\nQuery:{text}"); it replaces
+the query prompt, and is refused by a model that has no format for it. Either is part of the
+text: truncation counts its tokens, and cuts the text's end (or its start, side "left").
+"""
 
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ class Tokenizing:
     side: Side = "right"
     prompt_name: str | None = None
     max_tokens: int | None = None
+    instruction: str | None = None
 
 
 Role = Literal["query", "document", "classification", "clustering"]
@@ -53,13 +61,20 @@ ROLE_PROMPTS: dict[Role, tuple[str, ...]] = {
 }
 
 
-def shorten(ids: list[int], limit: int, side: Side) -> list[int]:
-    """A tokenised text cut to `limit` tokens, its first and last (special) tokens kept."""
-    if limit < 2:
+def shorten(ids: list[int], limit: int, side: Side, special: Sequence[int] = ()) -> list[int]:
+    """A tokenised text cut to `limit` tokens, the special tokens at its ends kept (the ones the
+    tokenizer added: BERT's [CLS] and [SEP], a decoder's end token; `special` is the encoding's
+    special_tokens_mask: without it, the first and the last token are kept)."""
+    if not special:
+        special = [1] + [0] * (len(ids) - 2) + [1] if len(ids) >= 2 else [0] * len(ids)
+    lead = next((i for i, s in enumerate(special) if not s), len(ids))
+    trail = next((i for i, s in enumerate(reversed(special)) if not s), 0)
+    body = limit - lead - trail
+    if body < 1:
         return ids[:limit]
-    if side == "right":
-        return ids[: limit - 1] + ids[-1:]
-    return ids[:1] + ids[len(ids) - limit + 1 :]
+    text = ids[lead : len(ids) - trail]
+    kept = text[:body] if side == "right" else text[len(text) - body :]
+    return ids[:lead] + kept + ids[len(ids) - trail :]
 
 
 class EmbedPipeline:
@@ -110,8 +125,35 @@ class EmbedPipeline:
             return None
         return next((n for n in ROLE_PROMPTS[role] if n in self.manifest.prompts), None)
 
-    def prompted(self, inputs: list[Input], prompt_name: str | None) -> list[Input]:
-        """Texts with the prompt prepended (sentence-transformers' way); token ids as given."""
+    def instructed(self, inputs: list[Input], instruction: str) -> list[Input]:
+        """Texts in the model's instruction format; token ids as given."""
+        fmt = self.manifest.instruction_format
+        if fmt is None:
+            raise InvalidInput(
+                f"model {self.manifest.name!r} takes no instruction: its bundle has no "
+                "instruction format (export one whose query prompt reads 'Instruct: ...\n"
+                "Query:', or give --instruction-format)",
+                param="instruction",
+            )
+        check_texts([instruction], self.settings, "instruction")
+        return [
+            fmt.format(instruction=instruction, text=t) if isinstance(t, str) else t
+            for t in inputs
+        ]
+
+    def prompted(
+        self, inputs: list[Input], prompt_name: str | None, instruction: str | None = None
+    ) -> list[Input]:
+        """Texts with the prompt prepended (sentence-transformers' way), or in the instruction
+        format when the request gives one; token ids as given."""
+        if instruction is not None:
+            if prompt_name is not None:
+                raise InvalidInput(
+                    "send instruction or prompt_name, not both: the instruction takes the "
+                    "query prompt's place",
+                    param="instruction",
+                )
+            return self.instructed(inputs, instruction)
         prefix = self.prompt(prompt_name)
         if not prefix:
             return inputs
@@ -141,7 +183,7 @@ class EmbedPipeline:
                 e = next(encoded)
                 cut, ids = bool(e.overflowing), e.ids
                 if len(ids) > limit:  # max_tokens: cut as the tokenizer would, specials kept
-                    cut, ids = True, shorten(ids, limit, how.side)
+                    cut, ids = True, shorten(ids, limit, how.side, e.special_tokens_mask)
             else:
                 cut = len(item) > limit
                 ids = (item[:limit] if how.side == "right" else item[-limit:]) if cut else item
@@ -165,7 +207,7 @@ class EmbedPipeline:
         dimensions: int | None = None,
     ) -> Encoded:
         """normalize None: the model's own default (its sentence-transformers Normalize)."""
-        inputs = self.prompted(inputs, how.prompt_name)
+        inputs = self.prompted(inputs, how.prompt_name, how.instruction)
         ran = await self.intake.run(
             call, lambda: self._sequences(call, inputs, how), at_least=self._at_least(inputs)
         )
@@ -183,7 +225,7 @@ class EmbedPipeline:
                 f"{self.manifest.name}'s bundle has no token-embedding output: re-export it with "
                 "this headwise to serve TEI's embed_all",
             )
-        inputs = self.prompted(inputs, how.prompt_name)
+        inputs = self.prompted(inputs, how.prompt_name, how.instruction)
         ran = await self.tokens.run(
             call, lambda: self._sequences(call, inputs, how), at_least=self._at_least(inputs)
         )

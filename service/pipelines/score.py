@@ -5,6 +5,10 @@ every label a probability: softmax over labels, or a sigmoid each when the model
 multi-label. Pairs are tokenised as the model was trained (the bundle's tokenizer: [CLS] a
 [SEP] b [SEP] with token types, or <s> a </s></s> b </s>), truncated longest-first, and go
 through the intake one sequence each (admitted by capacity, batched with other requests').
+
+A causal LM reranker (its manifest has a `rerank_template`) reads each pair through its model
+card's template instead (service/pipelines/template.py), with the request's instruction or the
+template's own; its one logit is z_yes - z_no, so sigmoid(logit) is its P(yes).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from tokenizers import Encoding
 
 from service.engine.batcher import DynamicBatcher
 from service.engine.runtime import Backend
-from service.errors import PayloadTooLarge
+from service.errors import InvalidInput, PayloadTooLarge
 from service.pipelines.base import Intake, Prepared, check_texts
 from service.pipelines.call import Call, Timings
+from service.pipelines.template import PairTemplate
 from service.settings import Settings
 
 ScoreInput = str | tuple[str, str]  # a text, or a (query, document) pair
@@ -58,6 +63,12 @@ class ScorePipeline:
         self.settings = settings
         self.manifest = backend.manifest
         self.types = "token_type_ids" in self.manifest.inputs
+        template = self.manifest.rerank_template
+        self.template = (
+            PairTemplate(template, backend.tokenize, self.manifest.max_length)
+            if template is not None
+            else None
+        )
 
     @property
     def batcher(self) -> DynamicBatcher:
@@ -84,7 +95,43 @@ class ScorePipeline:
             for doc, enc in zip(documents, encodings, strict=True)
         ]
 
-    async def _sequences(self, call: Call, items: list[ScoreInput], truncate: bool) -> Prepared:
+    def check_instruction(self, instruction: str | None, param: str = "instruction") -> None:
+        """A request's instruction: for a model whose template takes one, within the limits."""
+        if instruction is None:
+            return
+        if self.template is None:
+            raise InvalidInput(
+                f"model {self.manifest.name!r} takes no instruction: it is a cross-encoder whose "
+                "pairs are tokenised as its tokenizer pairs them (instructions are for causal "
+                "LM rerankers, exported with --task rerank and a template)",
+                param=param,
+            )
+        check_texts([instruction], self.settings, param)
+
+    async def _templated(
+        self, call: Call, items: Sequence[ScoreInput], truncate: bool, instruction: str | None
+    ) -> Prepared:
+        """Pairs through the model card's template: the middle cut at its end to fit."""
+        assert self.template is not None
+        pairs = [(it, "") if isinstance(it, str) else it for it in items]
+        middles = self.template.middles(pairs, instruction)
+        encodings, _ = await call.tokenize(self.backend.tokenize, middles)
+        sequences = [self.template.cut(e) for e in encodings]
+        cut = [i for i, s in enumerate(sequences) if s.truncated]
+        if cut and not truncate:
+            raise PayloadTooLarge(
+                f"input {cut[0]} has more than {self.manifest.max_length} tokens with the "
+                "model's template around it, the model's limit (send truncate: true to cut the "
+                "document's end, then the query's)",
+                param="truncate",
+            )
+        return Prepared([s.ids for s in sequences], None, truncated=len(cut))
+
+    async def _sequences(
+        self, call: Call, items: Sequence[ScoreInput], truncate: bool, instruction: str | None = None
+    ) -> Prepared:
+        if self.template is not None:
+            return await self._templated(call, items, truncate, instruction)
         singles = [i for i, it in enumerate(items) if isinstance(it, str)]
         pairs = [i for i, it in enumerate(items) if not isinstance(it, str)]
         encodings: list[Encoding | None] = [None] * len(items)
@@ -104,14 +151,24 @@ class ScorePipeline:
         types = [e.type_ids for e in done] if self.types else None
         return Prepared([e.ids for e in done], types, truncated=len(cut))
 
-    def _at_least(self, items: list[ScoreInput]) -> list[int]:
+    def _at_least(self, items: Sequence[ScoreInput]) -> list[int]:
         limit = self.manifest.max_length
         return [min(limit, sum(len(t.split()) for t in _texts([it]))) for it in items]
 
-    async def score(self, call: Call, items: list[ScoreInput], truncate: bool = True) -> Scored:
-        """Raw logits per item (a text or a pair), in order."""
+    async def score(
+        self,
+        call: Call,
+        items: Sequence[ScoreInput],
+        truncate: bool = True,
+        instruction: str | None = None,
+    ) -> Scored:
+        """Raw logits per item (a text or a pair), in order. instruction: a causal LM
+        reranker's, in its template (None: the template's own)."""
+        self.check_instruction(instruction)
         ran = await self.intake.run(
-            call, lambda: self._sequences(call, items, truncate), at_least=self._at_least(items)
+            call,
+            lambda: self._sequences(call, items, truncate, instruction),
+            at_least=self._at_least(items),
         )
         logits = np.stack(ran.rows).astype(np.float64)
         return Scored(logits, ran.lengths, ran.timings)

@@ -205,18 +205,6 @@ def test_a_pipeline_module_we_do_not_reproduce_is_refused_by_name(family_tokeniz
     assert not (tmp_path / "b").exists()
 
 
-def test_a_model_too_large_for_one_onnx_file_is_refused_before_export(
-    family_tokenizers, tmp_path, monkeypatch, caplog
-):
-    import export.onnx
-
-    folder = save_checkpoint(tmp_path / "tiny-bert", "bert", family_tokenizers["wordpiece"])
-    monkeypatch.setattr(export.onnx, "MAX_GRAPH_BYTES", 1000)
-    assert export_cli(["--model", str(folder), "--out", str(tmp_path / "b")]) == 1
-    assert "more than one ONNX file can hold" in caplog.text
-    assert not (tmp_path / "b").exists()
-
-
 def test_bundle_with_a_prompt_matches_sentence_transformers_own_pipeline(
     family_tokenizers, tmp_path
 ):

@@ -201,3 +201,29 @@ def test_a_dense_module_missing_from_the_snapshot_is_named(offline_hub, gemma_di
     populate_hub_cache(offline_hub, "google/no-dense-config", gemma_dir, files=GEMMA_FILES[:6])
     with pytest.raises(SourceError, match="has no 2_Dense/config.json"):
         resolve("google/no-dense-config")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_a_sharded_checkpoint_resolves_with_the_shards_its_index_lists(offline_hub, tmp_path, fmt):
+    from models.weights import load_pretrained
+    from tests.models.test_qwen3 import save, shard
+
+    source = tmp_path / "source"
+    save(source)
+    shard(source, fmt)
+    index = ("model.safetensors" if fmt == "safetensors" else "pytorch_model.bin") + ".index.json"
+    shards = sorted(p.name for p in source.glob(f"model-*.{fmt}"))
+    populate_hub_cache(
+        offline_hub, "org/sharded", source, ("config.json", "tokenizer.json", index, *shards)
+    )
+    resolved = resolve("org/sharded")
+    assert load_pretrained(resolved.folder).config.architecture == "qwen3"
+    populate_hub_cache(
+        offline_hub,
+        "org/half",
+        source,
+        ("config.json", "tokenizer.json", index, shards[0]),
+        commit="f" * 40,
+    )
+    with pytest.raises(SourceError, match=f"lists shards .*{shards[1]}"):
+        resolve("org/half")

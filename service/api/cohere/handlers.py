@@ -25,7 +25,8 @@ async def rerank_v1(ctx: Context, body: RerankV1Request) -> Response:
     assert pipe is not None
     documents = body.texts()
     pipe.check(documents, "documents", ctx.settings.rerank_max_documents)
-    out = await pipe.score(ctx.call, [(body.query, d) for d in documents])
+    pairs = [(body.query, d) for d in documents]
+    out = await pipe.score(ctx.call, pairs, instruction=body.instruction)
     scores = pipe.relevance(out.logits)
     results = [
         {
@@ -49,8 +50,10 @@ async def rerank_v2(ctx: Context, body: RerankV2Request) -> Response:
     pipe = ctx.model(body.model).score
     assert pipe is not None
     pipe.check(body.documents, "documents", ctx.settings.rerank_max_documents)
+    pipe.check_instruction(body.instruction)
     documents = await pipe.cut_documents(ctx.call, body.documents, body.max_tokens_per_doc)
-    out = await pipe.score(ctx.call, [(body.query, d) for d in documents])
+    pairs = [(body.query, d) for d in documents]
+    out = await pipe.score(ctx.call, pairs, instruction=body.instruction)
     scores = pipe.relevance(out.logits)
     payload = {
         "id": str(uuid.uuid4()),

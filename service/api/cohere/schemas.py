@@ -22,6 +22,11 @@ class RerankV1Request(Compat):
     documents: Annotated[list[Text | Document], Field(min_length=1)]
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
     return_documents: StrictBool | None = None  # Cohere v1: false; Jina: true (both honoured)
+    instruction: Text | None = Field(
+        None,
+        description="a causal LM reranker's instruction in its template (default: the "
+        "template's own); refused (422) by a cross-encoder",
+    )
 
     def texts(self) -> list[str]:
         return [d.text if isinstance(d, Document) else d for d in self.documents]
@@ -33,6 +38,11 @@ class RerankV2Request(Compat):
     documents: Annotated[list[Text], Field(min_length=1)]
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
     max_tokens_per_doc: Annotated[StrictInt, Field(ge=1)] = 4096
+    instruction: Text | None = Field(
+        None,
+        description="a causal LM reranker's instruction in its template (default: the "
+        "template's own); refused (422) by a cross-encoder",
+    )
 
 
 class RerankDocument(BaseModel):

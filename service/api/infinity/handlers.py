@@ -54,7 +54,8 @@ async def rerank(ctx: Context, body: RerankRequest) -> Response:
     pipe = model.score
     assert pipe is not None
     pipe.check(body.documents, "documents", ctx.settings.rerank_max_documents)
-    out = await pipe.score(ctx.call, [(body.query, d) for d in body.documents])
+    pairs = [(body.query, d) for d in body.documents]
+    out = await pipe.score(ctx.call, pairs, instruction=body.instruction)
     scores = pipe.relevance(out.logits, body.raw_scores)
     results = [
         {

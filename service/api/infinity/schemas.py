@@ -56,6 +56,11 @@ class RerankRequest(Compat):
     raw_scores: StrictBool = False
     model: ModelOrUnset = None
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
+    instruction: Text | None = Field(
+        None,
+        description="a causal LM reranker's instruction in its template (default: the "
+        "template's own); refused (422) by a cross-encoder",
+    )
 
 
 class RerankResult(BaseModel):

@@ -19,7 +19,8 @@ async def rerank(ctx: Context, body: RerankRequest) -> Response:
     except ValueError as exc:
         raise InvalidInput(str(exc), param="rank_fields") from None
     pipe.check(documents, "input", ctx.settings.rerank_max_documents)
-    out = await pipe.score(ctx.call, [(body.query, d) for d in documents])
+    pairs = [(body.query, d) for d in documents]
+    out = await pipe.score(ctx.call, pairs, instruction=body.instruction)
     scores = pipe.relevance(out.logits)
     top_k = body.top_k or len(documents)
     data = [

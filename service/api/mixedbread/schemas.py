@@ -17,6 +17,11 @@ class RerankRequest(Compat):
     top_k: Annotated[StrictInt, Field(ge=1)] | None = None
     return_input: StrictBool = False
     rewrite_query: StrictBool = False
+    instruction: Text | None = Field(
+        None,
+        description="a causal LM reranker's instruction in its template (default: the "
+        "template's own); refused (422) by a cross-encoder",
+    )
 
     def texts(self) -> list[str]:
         """Each input as text: a string as it is; an object by its rank_fields (default its

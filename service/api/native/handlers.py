@@ -42,7 +42,9 @@ async def encode(ctx: Context, body: EncodeRequest) -> Response:
     pipe = model.embed
     assert pipe is not None
     texts = pipe.validate(body.inputs, "inputs", body.dimensions)
-    how = Tokenizing(truncate=body.truncate, prompt_name=body.prompt_name)
+    how = Tokenizing(
+        truncate=body.truncate, prompt_name=body.prompt_name, instruction=body.instruction
+    )
     if body.chunking is not None or body.chunks is not None:
         return await encode_chunks(ctx, body, model.name, pipe, [str(t) for t in texts], how)
     out = await pipe.embed(ctx.call, texts, how, body.normalize, body.dimensions)

@@ -82,6 +82,12 @@ class EncodeRequest(EncodeOutputs):
     prompt_name: Text | None = Field(
         None, description="one of the model's prompts (sentence-transformers); default: its own"
     )
+    instruction: Text | None = Field(
+        None,
+        description="a task description, formatted as the model card formats a query "
+        "(Qwen3-Embedding: 'Instruct: {instruction}\\nQuery:{text}'); instead of a prompt; "
+        "refused (422) by a model without an instruction format",
+    )
     chunking: ChunkingOptions | None = Field(
         None, description="cut each input into chunks and embed them (no truncation then)"
     )

@@ -4,6 +4,7 @@ TEI works against headwise unmodified."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.responses import Response
@@ -36,7 +37,8 @@ async def embed(ctx: Context, body: EmbedRequest) -> Response:
     pipe = ctx.model().embed
     assert pipe is not None
     inputs = pipe.validate(body.inputs, "inputs", body.dimensions)
-    out = await pipe.embed(ctx.call, inputs, _how(body), body.normalize, body.dimensions)
+    how = replace(_how(body), instruction=body.instruction)
+    out = await pipe.embed(ctx.call, inputs, how, body.normalize, body.dimensions)
     return ctx.respond(out.vectors, out.timings)
 
 
@@ -61,7 +63,8 @@ async def rerank(ctx: Context, body: RerankRequest) -> Response:
     pipe = ctx.model(body.model, "rerank").score
     assert pipe is not None
     pipe.check(body.texts, "texts", ctx.settings.rerank_max_documents)
-    out = await pipe.score(ctx.call, [(body.query, t) for t in body.texts], body.cut)
+    pairs = [(body.query, t) for t in body.texts]
+    out = await pipe.score(ctx.call, pairs, body.cut, body.instruction)
     scores = pipe.relevance(out.logits, body.raw_scores)
     results = [
         {"index": i, "score": float(scores[i]), **({"text": body.texts[i]} if body.return_text else {})}

@@ -60,6 +60,12 @@ class EmbedRequest(TruncationOptions):
     inputs: Inputs
     normalize: StrictBool = True
     dimensions: CompatDimensions = None
+    instruction: Text | None = Field(
+        None,
+        description="a task description, formatted as the model card formats a query "
+        "(Qwen3-Embedding: 'Instruct: {instruction}\\nQuery:{text}'); instead of a prompt; "
+        "refused (422) by a model without an instruction format",
+    )
 
 
 class EmbedAllRequest(TruncationOptions):
@@ -101,6 +107,11 @@ class RerankRequest(TruncationOptions):
     raw_scores: StrictBool = False
     return_text: StrictBool = False
     model: ModelName = None
+    instruction: Text | None = Field(
+        None,
+        description="a causal LM reranker's instruction in its template (default: the "
+        "template's own); refused (422) by a cross-encoder",
+    )
 
 
 def _predict_batch(value: Any) -> tuple[list[list[str]], bool]:

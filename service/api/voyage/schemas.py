@@ -20,6 +20,11 @@ class RerankRequest(Compat):
     top_k: Annotated[StrictInt, Field(ge=1)] | None = None
     truncation: StrictBool = True
     return_documents: StrictBool = False
+    instruction: Text | None = Field(
+        None,
+        description="a causal LM reranker's instruction in its template (default: the "
+        "template's own); refused (422) by a cross-encoder",
+    )
 
 
 class RerankResult(BaseModel):

@@ -1,0 +1,119 @@
+"""The memory bound knows each model's real size (its graphs' bytes, external data included)
+and must fit the memory the server may use: HEADWISE_MEMORY_LIMIT_BYTES, else the container's
+cgroup limit. Two models that do not fit stop the start, naming the one that does not and by
+how much; the check reads the manifests before any graph is loaded.
+
+On fake backends and manifests: no graph, no torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.engine.memory import (
+    MemoryBoundError,
+    ModelCost,
+    check_fit,
+    memory_limit,
+)
+from service.manifest import DataFile
+from service.metrics import Metrics
+from service.registry import ModelSpec, Registry
+from service.settings import Settings
+from tests.service.conftest import client_for
+from tests.service.fakes import FakeBackend, fake_loader, fake_manifest
+
+GiB = 2**30
+
+
+def big_manifest(name: str, gib: float, task: str = "embed"):
+    """A fake manifest whose serving graph keeps `gib` GiB of weights in a data file."""
+    manifest = fake_manifest(name, task=task)
+    graph = manifest.graphs["encoder"]
+    data = DataFile(file="encoder.onnx.data", sha256="0" * 64, bytes=int(gib * GiB))
+    heavy = graph.model_copy(update={"bytes": 10_000, "data": [data]})
+    return manifest.model_copy(update={"graphs": {"encoder": heavy, "attention": heavy}})
+
+
+def test_the_limit_is_the_setting_else_the_cgroups_else_none(tmp_path):
+    assert memory_limit(5 * GiB) == (5 * GiB, "HEADWISE_MEMORY_LIMIT_BYTES")
+    assert memory_limit(0)[0] == 0
+    v2 = tmp_path / "memory.max"
+    v2.write_text("4294967296\n")
+    limit, source = memory_limit(None, [v2])
+    assert limit == 4 * GiB and str(v2) in source
+    v2.write_text("max\n")
+    assert memory_limit(None, [v2])[0] == 0
+    v1 = tmp_path / "memory.limit_in_bytes"
+    v1.write_text("9223372036854771712\n")  # cgroup v1's "unlimited"
+    assert memory_limit(None, [tmp_path / "absent", v1])[0] == 0
+
+
+def test_the_model_that_passes_the_limit_is_named_with_the_excess():
+    costs = [ModelCost("a", 3 * GiB, GiB), ModelCost("b", 4 * GiB, GiB)]
+    check_fit(costs, GiB, 0, 10 * GiB, "test")
+    with pytest.raises(MemoryBoundError) as err:
+        check_fit(costs, GiB, 0, 8 * GiB, "the test's limit")
+    message = str(err.value)
+    assert message.startswith("model 'b' does not fit in memory")
+    assert "4.00 GiB" in message and "with 'a' (4.00 GiB)" in message
+    assert "the bound is 10.00 GiB, 2.00 GiB over the limit of 8.00 GiB (the test's limit)" in message
+
+
+def test_the_start_fails_naming_the_model_before_loading_any_graph(tmp_path):
+    """Bundles on disk: the manifests say what the graphs take; the loader is never called."""
+    specs = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text(big_manifest(name, 3).model_dump_json())
+        specs.append(ModelSpec(tmp_path / name))
+
+    def loader(spec, settings):
+        raise AssertionError("a graph was loaded before the memory check")
+
+    settings = Settings(memory_limit_bytes=6 * GiB, attention_enabled=False)
+    with pytest.raises(MemoryBoundError, match=r"model 'second' does not fit.*over the limit"):
+        Registry.load(specs, loader, settings, Metrics())
+    settings = Settings(memory_limit_bytes=6 * GiB)  # /attention: a second copy of each
+    with pytest.raises(MemoryBoundError, match=r"model 'first' does not fit"):
+        Registry.load(specs, loader, settings, Metrics())
+
+
+def test_models_that_fit_start_and_info_shows_their_size_and_the_limit():
+    one, two = (FakeBackend(big_manifest(n, 1.5, "rerank")) for n in ("one", "two"))
+    settings = dict(memory_limit_bytes=20 * GiB, attention_enabled=False)
+    with client_for(["a", "b"], loader=fake_loader(one, two), **settings) as c:
+        memory = c.get("/info").json()["memory"]
+        assert memory["models_bytes"] == 2 * (int(1.5 * GiB) + 10_000)
+        assert memory["limit_bytes"] == 20 * GiB
+        graphs = {m["name"]: m["graph_files"]["encoder"] for m in c.get("/info").json()["models"]}
+        assert graphs["one"] == {"fake.onnx": 10_000, "encoder.onnx.data": int(1.5 * GiB)}
+
+
+def test_loaded_models_without_manifests_on_disk_are_checked_as_loaded():
+    one, two = (FakeBackend(big_manifest(n, 5, "rerank")) for n in ("one", "two"))
+    with pytest.raises(MemoryBoundError, match="model 'two' does not fit"):
+        Registry.load(
+            [ModelSpec(Path("a")), ModelSpec(Path("b"))],
+            fake_loader(one, two),
+            Settings(memory_limit_bytes=8 * GiB, attention_enabled=False),
+            Metrics(),
+        )
+
+
+def test_admission_assumes_less_capacity_for_a_model_that_computes_more_per_token():
+    from service.registry import assumed_capacity
+
+    settings = Settings(capacity_tokens_per_s=2000)
+    small = fake_manifest("small", d=8)
+    qwen = fake_manifest(
+        "qwen3-0.6b", d=1024, layers=28, heads=16, head_dim=128, d_model=1024, d_ff=3072
+    )
+    assert assumed_capacity(settings, small) == 2000  # smaller than the reference: as set
+    assert 40 < assumed_capacity(settings, qwen) < 60  # ~40x MiniLM's work per token
+    one = FakeBackend(qwen.model_copy(update={"task": "rerank"}))
+    with client_for(["a"], loader=fake_loader(one), attention_enabled=False) as c:
+        model = c.app.state.registry.models["qwen3-0.6b"]
+        assert model.score.batcher.throughput.tokens_per_s == assumed_capacity(settings, qwen)

@@ -141,7 +141,7 @@ def test_a_decoder_chunks_separately_and_refuses_late_chunking(client, models):
     doc = "the cat sat on a warm mat. " * 6
     body = {"inputs": doc, "model": "emb", "chunking": {"size": 8}}
     r = client.post("/encode", json=body)
-    assert r.status_code == 422 and "separate" in r.text and "last token" in r.text
+    assert r.status_code == 400 and "separate" in r.text and "last token" in r.text
     body["chunking"]["strategy"] = "separate"
     r = client.post("/encode", json=body)
     assert r.status_code == 200, r.text

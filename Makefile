@@ -42,7 +42,7 @@ serve: bundle
 	$(BIN)/headwise serve --bundle $(BUNDLE) --host $(HOST) --port $(PORT)
 
 # Strict typing (pyproject.toml [tool.mypy]) on the packages it already holds for.
-TYPED := service
+TYPED := service models export
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m ruff check models export service tests bench

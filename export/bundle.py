@@ -15,6 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import numpy as np
 import onnx
@@ -33,12 +34,15 @@ from service.manifest import (
     FileEntry,
     GraphEntry,
     Manifest,
+    Parity,
     Precision,
     RerankTemplate,
+    RetrievalQuality,
     Source,
     SpecialTokens,
 )
 from service.pipelines.template import PairTemplate, added_around, with_tokenizer
+from service.tensors import pad_batch
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +87,8 @@ def write_tokenizer(loaded: LoadedModel, out: Path) -> Tokenizer:
 
 
 def _run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return build_session(path).run(None, feeds)
+    out: list[np.ndarray] = build_session(path).run(None, feeds)
+    return out
 
 
 def _serve(path: Path, feeds: dict[str, np.ndarray], heads: int) -> np.ndarray:
@@ -93,8 +98,32 @@ def _serve(path: Path, feeds: dict[str, np.ndarray], heads: int) -> np.ndarray:
     return verify.grouped(lambda f: session.run(primary, f)[0], feeds, heads)
 
 
+class _GraphExtras(TypedDict, total=False):
+    """GraphEntry's fields that only some graphs set."""
+
+    fused: bool
+    unfused_reason: str | None
+    kept_fp32: list[str]
+    quantised: int | None
+    quality: RetrievalQuality | None
+    output_parity: dict[str, Parity]
+
+
+class _Fusion(TypedDict):
+    fused: bool
+    unfused_reason: str | None
+
+
+class _OutputParity(TypedDict, total=False):
+    output_parity: dict[str, Parity]  # a model with outputs besides the primary one
+
+
 def _graph_entry(
-    path: Path, precision: Precision, counts: dict[str, int], parity: verify.Parity, **extra
+    path: Path,
+    precision: Precision,
+    counts: dict[str, int],
+    parity: Parity,
+    **extra: Unpack[_GraphExtras],
 ) -> GraphEntry:
     data = [
         DataFile(file=f.name, sha256=sha256_file(f), bytes=f.stat().st_size)
@@ -150,7 +179,7 @@ def probe_feeds(
         return verify.encode(tok, verify.PROBE_PAIRS, inputs, pad)
     pairs = PairTemplate(template, with_tokenizer(tok), loaded.max_length)
     sequences = pairs.sequences(verify.PROBE_PAIRS)
-    ids, mask = verify.pad_batch([s.ids for s in sequences], pad)
+    ids, mask = pad_batch([s.ids for s in sequences], pad)
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -160,9 +189,7 @@ def release(loaded: LoadedModel) -> None:
     gc.collect()
 
 
-def _check(
-    got: np.ndarray, want: np.ndarray, graph: str, task: str, min_cosine: float
-) -> verify.Parity:
+def _check(got: np.ndarray, want: np.ndarray, graph: str, task: str, min_cosine: float) -> Parity:
     """Parity of a graph's primary output with PyTorch's; raises when off."""
     parity = verify.compare_outputs("pytorch", got, want, task)
     if task == "embed":
@@ -184,7 +211,7 @@ def _int8(
 ) -> GraphEntry:
     """The fastest int8 graph that passes the gate, with what the gate measured."""
 
-    def probe_parity(candidate: Path) -> verify.Parity:
+    def probe_parity(candidate: Path) -> Parity:
         got = _serve(candidate, feeds, heads)
         return verify.compare_outputs("encoder.onnx", got, fp32, task)
 
@@ -275,10 +302,10 @@ def build_bundle(
         fused_path = tmp / "encoder.onnx"
         report = optimize.fuse(raw, fused_path, cfg, plan, options.allow_unfused)
         shutil.rmtree(raw.parent)
-        fusion = {"fused": report.fused, "unfused_reason": report.unfused_reason}
+        fusion: _Fusion = {"fused": report.fused, "unfused_reason": report.unfused_reason}
         fp32 = _serve(fused_path, feeds, heads)
         parity = _check(fp32, want, "encoder.onnx", task, verify.FP32_MIN_COSINE)
-        extra = {}
+        extra: _OutputParity = {}
         if multi is not None:
             extra["output_parity"] = outputs.check(multi, fused_path, feeds, want_outputs)
         graphs["encoder"] = _graph_entry(

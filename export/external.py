@@ -50,7 +50,8 @@ def parameter_bytes(model: nn.Module) -> int:
 
 def _nbytes(tensor: onnx.TensorProto) -> int:
     itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    return itemsize * math.prod(tensor.dims)
+    nbytes: int = itemsize * math.prod(tensor.dims)
+    return nbytes
 
 
 def initializer_bytes(model: onnx.ModelProto) -> int:

@@ -31,18 +31,24 @@ What ORT 1.32 does not offer, and why these and not others:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import FunctionCtx
 from torch.onnx import symbolic_helper
 
 from models.attention import MASK_VALUE, MultiHeadAttention, repeat_kv
 from models.config import EncoderConfig
+from models.encoder import config_of
 from models.rotary import apply_rotary, rotary_dim
+
+if TYPE_CHECKING:
+    from torch._C import Value
+    from torch.onnx._internal.torchscript_exporter.jit_utils import GraphContext
 
 # The families whose export ORT's BERT fusion matches (one packed Attention per layer). A graph
 # of theirs that does not fuse is a regression, and export fails on it.
@@ -83,13 +89,15 @@ class _RotaryEmbedding(torch.autograd.Function):
     """x (B, h, N, d_k) rotated on its first r channels by the (N, r/2) caches."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, heads: int, r: int) -> Tensor:
+    def forward(
+        ctx: FunctionCtx, x: Tensor, cos: Tensor, sin: Tensor, heads: int, r: int
+    ) -> Tensor:
         return apply_rotary(x, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
 
     @staticmethod
-    def symbolic(g, x, cos, sin, heads: int, r: int):
+    def symbolic(g: GraphContext, x: Value, cos: Value, sin: Value, heads: int, r: int) -> Value:
         start = g.op("Constant", value_t=torch.tensor([0], dtype=torch.int64))  # positions 0…N-1
-        out = g.op(
+        out: Value = g.op(
             f"{DOMAIN}::RotaryEmbedding",
             x,
             start,
@@ -108,7 +116,7 @@ class _MultiHeadAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx,
+        ctx: FunctionCtx,
         q: Tensor,
         k: Tensor,
         v: Tensor,
@@ -129,13 +137,23 @@ class _MultiHeadAttention(torch.autograd.Function):
         return context.transpose(1, 2).reshape(b, n_q, -1)  # (B, N_q, h·d_v)
 
     @staticmethod
-    def symbolic(g, q, k, v, mask, bias, heads: int, scale: float):
+    def symbolic(
+        g: GraphContext,
+        q: Value,
+        k: Value,
+        v: Value,
+        mask: Value,
+        bias: Value | None,
+        heads: int,
+        scale: float,
+    ) -> Value:
         mask = g.op("Cast", mask, to_i=6)  # int32, as the kernel takes it
-        absent = symbolic_helper._optional_input_placeholder_tensor(g)  # "" in the inputs
+        # "" in the inputs (torch leaves this helper unannotated)
+        absent = symbolic_helper._optional_input_placeholder_tensor(g)  # type: ignore[no-untyped-call]
         inputs = [q, k, v, absent, mask]  # no projection bias: q, k, v come projected
-        if not symbolic_helper._is_none(bias):
+        if bias is not None and not symbolic_helper._is_none(bias):
             inputs.append(bias)
-        out = g.op(
+        out: Value = g.op(
             f"{DOMAIN}::MultiHeadAttention",
             *inputs,
             num_heads_i=heads,
@@ -144,6 +162,16 @@ class _MultiHeadAttention(torch.autograd.Function):
         )
         out.setType(q.type())  # (B, N_q, h·d_k), as q: v's head size is q's here
         return out
+
+
+# Function.apply is unannotated in torch: it takes and returns what the forwards above do.
+_rotary_embedding = cast(
+    Callable[[Tensor, Tensor, Tensor, int, int], Tensor], _RotaryEmbedding.apply
+)
+_multi_head_attention = cast(
+    Callable[[Tensor, Tensor, Tensor, Tensor, Tensor | None, int, float], Tensor],
+    _MultiHeadAttention.apply,
+)
 
 
 class OrtKernels:
@@ -157,7 +185,7 @@ class OrtKernels:
 
     def rotate(self, x: Tensor, cos: Tensor, sin: Tensor, heads: int) -> Tensor:
         half = self.rotary // 2  # the tables repeat their halves: the caches are one half
-        return _RotaryEmbedding.apply(x, cos[:, :half], sin[:, :half], heads, self.rotary)
+        return _rotary_embedding(x, cos[:, :half], sin[:, :half], heads, self.rotary)
 
     def attend(
         self,
@@ -175,7 +203,7 @@ class OrtKernels:
         def merge(x: Tensor) -> Tensor:
             return x.transpose(1, 2).flatten(2)  # (B, h, N, d_k) -> (B, N, h·d_k)
 
-        return _MultiHeadAttention.apply(
+        return _multi_head_attention(
             merge(q), merge(k), merge(v), key_padding_mask, bias, self.n_heads, scale
         )
 
@@ -184,7 +212,7 @@ class OrtKernels:
 def ort_kernels(model: nn.Module) -> Iterator[int]:
     """Every attention module of `model` runs on OrtKernels inside the block (the serving
     graph's export); yields how many modules were switched."""
-    cfg: EncoderConfig = model.cfg
+    cfg = config_of(model)
     if cfg.attn_softcap:
         raise ValueError(plan(cfg).reason)
     r = rotary_dim(cfg.d_k, cfg.rotary_fraction) if cfg.positions == "rotary" else 0

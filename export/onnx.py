@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from export.external import lean_tracing
 from export.fused import ort_kernels
-from models.encoder import SentenceEncoder
+from models.encoder import SentenceEncoder, config_of
 from models.outputs import TOKEN_VECTORS, TOKEN_WEIGHTS, MultiOutputEncoder
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ TOKEN_TYPES = "token_type_ids"
 
 def graph_inputs(model: nn.Module) -> list[str]:
     """A classifier of a family with token types takes them (pairs); everything else does not."""
-    if model.cfg.token_types and not isinstance(model, SentenceEncoder | MultiOutputEncoder):
+    if config_of(model).token_types and not isinstance(model, SentenceEncoder | MultiOutputEncoder):
         return [*INPUTS, TOKEN_TYPES]
     return list(INPUTS)
 
@@ -72,6 +72,7 @@ class ServingGraph(nn.Module):
         if isinstance(self.model, SentenceEncoder):
             hidden = self.model.encoder(input_ids, attention_mask, token_type_ids).hidden
             return self.model.pool(hidden, attention_mask), hidden  # (B, d), (B, N, d)
+        out: Tensor
         out, _ = self.model(input_ids, attention_mask, token_type_ids=token_type_ids)
         return out  # (B, num_labels)
 
@@ -101,7 +102,13 @@ def _sample_inputs(vocab_size: int, inputs: list[str]) -> tuple[Tensor, ...]:
     return (ids, mask, types)[: len(inputs)]
 
 
-def _export(module: nn.Module, model: nn.Module, path: Path, outputs: list[str], dynamic: dict):
+def _export(
+    module: nn.Module,
+    model: nn.Module,
+    path: Path,
+    outputs: list[str],
+    dynamic: dict[str, dict[int, str]],
+) -> None:
     module.eval()
     inputs = graph_inputs(model)
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
@@ -111,7 +118,7 @@ def _export(module: nn.Module, model: nn.Module, path: Path, outputs: list[str],
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
-            _sample_inputs(model.cfg.vocab_size, inputs),
+            _sample_inputs(config_of(model).vocab_size, inputs),
             str(path),
             input_names=inputs,
             output_names=outputs,
@@ -127,7 +134,7 @@ def export_serving(model: nn.Module, path: Path, emit_fused: bool = False) -> No
     """The serving graph: the explicit attention path (whose shape ORT's BERT fusion matches),
     or with `emit_fused` ONNX Runtime's MultiHeadAttention and RotaryEmbedding nodes written
     in its place (export/fused.py)."""
-    if model.cfg.attention_impl != "explicit":
+    if config_of(model).attention_impl != "explicit":
         raise ValueError("export needs the explicit attention path: its shape is what ORT fuses")
     out = primary_output(model)
     with ort_kernels(model) if emit_fused else nullcontext():

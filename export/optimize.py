@@ -115,7 +115,7 @@ def detach_attention_bias(model: onnx.ModelProto) -> str:
     as an extra graph output.
     """
     producers = _producers(model)
-    biases = set()
+    biases: set[str] = set()
     for softmax in (n for n in model.graph.node if n.op_type == "Softmax"):
         add = producers.get(softmax.input[0])
         inner = producers.get(add.input[0]) if add is not None else None
@@ -154,6 +154,7 @@ def fuse(
     reason.
     """
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
+    from onnxruntime.transformers.onnx_model import OnnxModel
     from onnxruntime.transformers.optimizer import optimize_model
 
     raw, out = raw.resolve(), out.resolve()
@@ -162,7 +163,7 @@ def fuse(
     # padding, and a bundle is a public artefact that callers may feed left-padded batches.
     options.attention_mask_format = AttentionMaskFormat.AttentionMask
 
-    def optimize(model: onnx.ModelProto):
+    def optimize(model: onnx.ModelProto) -> OnnxModel:
         # The weights stay on disk (lean): a fusion that reads one (q, k, v to pack) finds it
         # relative to the working directory, the raw graph's folder.
         with contextlib.chdir(raw.parent):
@@ -176,7 +177,7 @@ def fuse(
                 use_gpu=False,
             )
 
-    def unfused(reason: str):
+    def unfused(reason: str) -> tuple[OnnxModel, FusionReport]:
         optimized = optimize(external.load_lean(raw))
         counts = Counter(node.op_type for node in optimized.model.graph.node)
         report = FusionReport(
@@ -295,13 +296,13 @@ def to_int8(
     if passes(out):
         return Int8Report(_counts(out), [], len(candidates), tried)
     probe = out.with_suffix(".probe.onnx")
-    hurt = {}
+    hurt: dict[str, float] = {}
     for name in candidates:
         _quantize(fused, probe, include=[name])
         hurt[name] = damage(probe)
     for f in (probe, *external.data_files(probe)):
         f.unlink(missing_ok=True)
-    ranked = sorted(candidates, key=hurt.get, reverse=True)
+    ranked = sorted(candidates, key=hurt.__getitem__, reverse=True)
     lo, hi = 1, len(ranked)  # fewest kept that may pass .. known to pass (all kept)
     while lo < hi:
         k = (lo + hi) // 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -127,9 +127,9 @@ def manifest_fields(
 def _real(name: str, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """What the service reads of an output: its real tokens' rows, or the whole text's."""
     if name == TOKEN_VECTORS:
-        return values[mask.astype(bool)]  # (T, d')
+        return cast(np.ndarray, values[mask.astype(bool)])  # (T, d')
     if name == TOKEN_WEIGHTS:
-        return values * mask  # (B, N), padding zeroed
+        return cast(np.ndarray, values * mask)  # (B, N), padding zeroed
     return values  # (B, V)
 
 

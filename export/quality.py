@@ -25,7 +25,7 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -217,7 +217,7 @@ class RetrievalGate:
         primary = [s.get_outputs()[0].name]
 
         def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
-            return s.run(primary, feeds)[0]
+            return cast(np.ndarray, s.run(primary, feeds)[0])
 
         return (
             embed(run, self.tok, self.pairs.queries, inputs),

@@ -129,8 +129,8 @@ def fetch(repo_id: str, revision: str | None) -> Path:
     except IncompleteSnapshotError as exc:
         raise SourceError(f"{at}: {exc}") from exc  # names the missing files
     except LocalEntryNotFoundError as exc:
-        cached = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
-        what = f"revision {revision or 'main'} of {repo_id}" if cached.exists() else repo_id
+        cache = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+        what = f"revision {revision or 'main'} of {repo_id}" if cache.exists() else repo_id
         raise SourceError(
             f"{what} is not in the Hugging Face cache {constants.HF_HUB_CACHE}"
             + (" and HF_HUB_OFFLINE is set" if offline else " and the Hub cannot be reached")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import torch
@@ -106,7 +107,7 @@ def grouped(
 ) -> np.ndarray:
     """run(feeds) over the probes group by group (each cut to its own longest row: the probes
     are right-padded), the rows put back in their order."""
-    parts = {}
+    parts: dict[int, np.ndarray] = {}
     for rows in probe_groups(feeds, heads):
         width = max(int(feeds["attention_mask"][rows].sum(1).max()), 1)
         out = run({name: x[rows, :width] for name, x in feeds.items()})
@@ -121,7 +122,7 @@ def torch_outputs(
     types = None if token_type_ids is None else torch.from_numpy(token_type_ids)
     with torch.no_grad():
         out, _ = model(torch.from_numpy(ids), torch.from_numpy(mask), token_type_ids=types)
-    return out.numpy()
+    return cast(np.ndarray, out.numpy())
 
 
 def torch_reference(

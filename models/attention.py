@@ -197,7 +197,7 @@ class MultiHeadAttention(nn.Module):
         q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, h, N_q, d_k)
         k = self._split_heads(self.k_proj(key), self.n_kv_heads)  # (B, h_kv, N_k, d_k)
         v = self._split_heads(self.v_proj(value), self.n_kv_heads)  # (B, h_kv, N_k, d_k)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither
             q, k = self.q_norm(q), self.k_norm(k)  # RMS over each head's d_k channels
         if rotary is not None and fused is not None:
             q, k = fused.rotate(q, *rotary, self.n_heads), fused.rotate(k, *rotary, self.n_kv_heads)

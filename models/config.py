@@ -27,7 +27,7 @@ as a second model:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Positions = Literal["learned", "sinusoidal", "rotary", "none"]
 NormPlacement = Literal["post", "pre", "sandwich"]
@@ -58,7 +58,7 @@ CHOICES = {
     "ffn_kind": ("gelu", "geglu", "geglu_tanh", "swiglu"),
     "pooling": ("mean", "cls", "lasttoken"),
     "attention_impl": ("explicit", "sdpa"),
-    "architecture": Architecture.__args__,
+    "architecture": get_args(Architecture),
 }
 
 

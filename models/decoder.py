@@ -22,6 +22,8 @@ token: each pair scores exactly as the card scores it alone, whatever it is batc
 
 from __future__ import annotations
 
+from typing import cast
+
 from torch import Tensor, nn
 
 from models.config import EncoderConfig
@@ -65,4 +67,5 @@ class LastTokenHead(nn.Module):
         if self.skip_id is not None:
             counted = attention_mask * (input_ids != self.skip_id).to(attention_mask.dtype)
         last = last_token_pool(out.hidden, counted)  # (B, d)
-        return self.head.out(last), out.attentions  # (B, outputs)
+        logits = cast(nn.Linear, self.head.out)(last)  # (B, outputs)
+        return logits, out.attentions

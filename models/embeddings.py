@@ -20,6 +20,8 @@ from models.positions import position_ids, sinusoidal_table
 
 
 class Embeddings(nn.Module):
+    sinusoid: Tensor  # a buffer, with sinusoidal positions
+
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_token_id)
@@ -54,4 +56,5 @@ class Embeddings(nn.Module):
             x = x + self.token_types(token_type_ids)
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        out: Tensor = self.dropout(x)
+        return out

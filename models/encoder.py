@@ -11,8 +11,11 @@ per forward pass here and handed to each layer.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -57,7 +60,10 @@ class EncoderLayer(nn.Module):
             relative=relative,
         )
         self.ffn = make_ffn(cfg.ffn_kind, cfg.d_model, cfg.d_ff, cfg.ffn_bias)
-        norm = lambda: make_norm(kind, cfg.d_model, eps, cfg.norm_bias)  # noqa: E731
+
+        def norm() -> nn.Module:
+            return make_norm(kind, cfg.d_model, eps, cfg.norm_bias)
+
         self.norm1 = norm() if index > 0 or cfg.first_attn_norm else nn.Identity()
         self.norm2 = norm()
         if cfg.norm == "sandwich":
@@ -137,7 +143,7 @@ class Encoder(nn.Module):
             else None
         )
 
-    def _rotary(self, n: int, local: bool, device) -> tuple[Tensor, Tensor]:
+    def _rotary(self, n: int, local: bool, device: torch.device) -> tuple[Tensor, Tensor]:
         cfg = self.cfg
         theta = (cfg.local_rotary_theta or cfg.rotary_theta) if local else cfg.rotary_theta
         return rotary_tables(
@@ -168,11 +174,12 @@ class Encoder(nn.Module):
                 n, cfg.position_buckets, cfg.max_relative_positions, device
             )
             relative = (self.relative(), buckets)  # (2S, d), (N, N)
-        kinds = {layer.local for layer in self.layers}
+        layers = cast(Iterable[EncoderLayer], self.layers)  # a ModuleList yields nn.Module
+        kinds = {layer.local for layer in layers}
         rotary = {k: self._rotary(n, k, device) for k in kinds} if self.rotary_dim else {}
         window = window_mask(n, self.cfg.local_window, device, x.dtype) if True in kinds else None
         attentions = []
-        for layer in self.layers:
+        for layer in layers:
             x, weights = layer(
                 x,
                 attention_mask,
@@ -211,3 +218,9 @@ class SentenceEncoder(nn.Module):
         if normalize:
             pooled = F.normalize(pooled, p=2, dim=-1)
         return pooled, out.attentions
+
+
+def config_of(model: nn.Module) -> EncoderConfig:
+    """The EncoderConfig a model carries as `cfg`: every model here does (SentenceEncoder,
+    SequenceClassifier, LastTokenHead, MultiOutputEncoder, Encoder itself)."""
+    return cast(EncoderConfig, model.cfg)

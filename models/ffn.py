@@ -36,7 +36,8 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))  # (B, N, d)
+        out: Tensor = self.fc2(F.gelu(self.fc1(x)))  # (B, N, d)
+        return out
 
 
 class GatedFeedForward(nn.Module):
@@ -50,7 +51,8 @@ class GatedFeedForward(nn.Module):
         self.act = ACTIVATIONS[kind]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.act(self.gate(x)) * self.up(x))  # (B, N, d)
+        out: Tensor = self.down(self.act(self.gate(x)) * self.up(x))  # (B, N, d)
+        return out
 
 
 def make_ffn(kind: FFNKind, d_model: int, d_ff: int, bias: bool = True) -> nn.Module:

@@ -50,7 +50,8 @@ class ClassificationHead(nn.Module):
         x = self.activation(self.dense(pooled))  # (B, d)
         if self.norm is not None:
             x = self.norm(x)
-        return self.out(x)  # (B, num_labels)
+        logits: Tensor = self.out(x)  # (B, num_labels)
+        return logits
 
 
 class SequenceClassifier(nn.Module):

@@ -20,11 +20,12 @@ import logging
 import string
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
+from models.encoder import SentenceEncoder
 from models.families import family_of
 from models.outputs import ColbertInputs, MultiOutputEncoder, OutputSpec
 from models.pooling import Pooling
@@ -50,7 +51,8 @@ def read_head(path: Path) -> dict[str, Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+    state: dict[str, Tensor] = torch.load(path, map_location="cpu", weights_only=True)
+    return state
 
 
 def _linear(state: dict[str, Tensor], where: str, d_in: int, prefix: str = "") -> dict[str, Tensor]:
@@ -179,7 +181,7 @@ def _mlm_head(model: MultiOutputEncoder, folder: Path, hf: dict[str, Any]) -> No
         raise WeightLoadError(
             f"{folder}: the masked-LM head (SPLADE) is incomplete: missing {', '.join(missing)}"
         )
-    assert model.mlm is not None
+    assert model.mlm is not None and bias is not None  # bias: else missing, refused above
     embeddings = model.encoder.embeddings.tokens.weight
     ours["decoder.weight"] = embeddings.detach() if decoder is None else decoder
     ours["decoder.bias"] = bias
@@ -205,7 +207,7 @@ def with_outputs(
     spec, parts = found
     if loaded.task != "embed":
         raise ValueError(f"{', '.join(spec.names)} outputs need task embed, not {loaded.task!r}")
-    base = loaded.model
+    base = cast(SentenceEncoder, loaded.model)  # task embed: load_pretrained's SentenceEncoder
     config, normalize = loaded.config, loaded.normalize
     if "m3" in parts and pooling is None and not (folder / "modules.json").exists():
         # No sentence-transformers pipeline to follow: FlagEmbedding's M3, the first token's

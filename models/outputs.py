@@ -127,10 +127,12 @@ class MaskedLMHead(nn.Module):
         self.decoder = nn.Linear(cfg.d_model, cfg.vocab_size)
 
     def transform(self, hidden: Tensor) -> Tensor:
-        return self.norm(F.gelu(self.dense(hidden)))  # (B, N, d)
+        out: Tensor = self.norm(F.gelu(self.dense(hidden)))  # (B, N, d)
+        return out
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.decoder(self.transform(hidden))  # (B, N, V)
+        logits: Tensor = self.decoder(self.transform(hidden))  # (B, N, V)
+        return logits
 
 
 # A padding token's logits, pushed below any real token's (max pooling): exp-free, so any

@@ -67,4 +67,5 @@ class RelativePositionBias(nn.Module):
         pos = torch.arange(n, device=device)
         relative = pos[None, :] - pos[:, None]  # (N_q, N_k): key - query
         buckets = relative_bucket(relative, self.n_buckets, self.max_distance)
-        return self.table(buckets).permute(2, 0, 1)[None]  # (1, h, N_q, N_k)
+        table: Tensor = self.table(buckets)  # (N_q, N_k, h)
+        return table.permute(2, 0, 1)[None]  # (1, h, N_q, N_k)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SUPPORTED_MODULES = (
     "Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling"
@@ -89,7 +90,8 @@ COLBERT_KEYS = (
 )
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> Any:
+    """A JSON file: an object (a module's config), or modules.json's list."""
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -108,7 +110,8 @@ def pooling_mode(pool_cfg: Path) -> str:
         raise ValueError(f"unsupported pooling in {pool_cfg}: {modes} (supported: {OUR_POOLING})")
     if p.get("include_prompt") is False:
         raise ValueError(f"unsupported pooling in {pool_cfg}: include_prompt=false")
-    return modes[0]
+    mode: str = modes[0]
+    return mode
 
 
 def dense_module(folder: Path) -> DenseModule:
@@ -151,7 +154,7 @@ def token_dense_module(folder: Path) -> DenseModule:
     return DenseModule(folder, cfg["in_features"], cfg["out_features"], cfg.get("bias", True))
 
 
-def _is_pylate(entry: dict, extra: dict) -> bool:
+def _is_pylate(entry: dict[str, Any], extra: dict[str, Any]) -> bool:
     """A PyLate ColBERT pipeline: its Dense class, or its config's MaxSim and query keys."""
     return str(entry.get("type", "")).startswith("pylate.") or (
         extra.get("similarity_fn_name") == "MaxSim" or "query_length" in extra

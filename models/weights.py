@@ -29,6 +29,7 @@ from models.config import EncoderConfig
 from models.decoder import LastTokenHead, judge_weight
 from models.encoder import SentenceEncoder
 from models.families import BERT, Family, encoder_config, family_of
+from models.families.base import Target
 from models.heads import SequenceClassifier
 from models.st_modules import DenseModule, read_config
 
@@ -66,8 +67,9 @@ class LoadedModel:
     judge_ids: tuple[int, int] | None = None
 
 
-def hf_to_ours(name: str, family: Family = BERT, with_head: bool = False) -> str | None:
-    """Map one checkpoint parameter name to ours; None for tensors we deliberately skip."""
+def hf_to_ours(name: str, family: Family = BERT, with_head: bool = False) -> Target | None:
+    """Map one checkpoint parameter name to ours (a tuple: the parts of a fused tensor); None
+    for tensors we deliberately skip."""
     return family.to_ours(name, with_head)
 
 
@@ -99,7 +101,8 @@ def _read_file(path: Path) -> dict[str, Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    state: dict[str, Tensor] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return state
 
 
 def read_state_dict(folder: Path) -> dict[str, Tensor]:
@@ -250,7 +253,7 @@ def _max_length(
             limits["tokenizer model_max_length"] = limit
     if st_length:
         limits["sentence-transformers max_seq_length"] = st_length
-    which = min(limits, key=limits.get)
+    which = min(limits, key=limits.__getitem__)
     if st_length and st_length > config.max_length:
         log.warning(
             "sentence-transformers max_seq_length %d exceeds the model's %d positions: using %d",
@@ -313,6 +316,7 @@ def load_pretrained(
         elif family.head_kind == "linear":
             model = LastTokenHead(config, len(labels), skip_id=hf.get("pad_token_id"))
         else:
+            assert family.head_kind is not None  # refused above for every task but embed
             model = SequenceClassifier(config, len(labels), family.head_kind)
     state = read_state_dict(folder)
     extra = dense_weights(dense)

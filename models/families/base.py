@@ -77,8 +77,8 @@ class Family:
         if m and m.group(2) in self.layer:
             target = self.layer[m.group(2)]
             parts = (target,) if isinstance(target, str) else target
-            ours = tuple(f"encoder.layers.{m.group(1)}.{p}.{kind}" for p in parts)
-            return ours[0] if isinstance(target, str) else ours
+            names = tuple(f"encoder.layers.{m.group(1)}.{p}.{kind}" for p in parts)
+            return names[0] if isinstance(target, str) else names
         return name  # unknown: reported as unexpected
 
     def tensors(self, name: str, tensor: Tensor, with_head: bool) -> list[tuple[str, Tensor]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from models.families.base import Family, check_act
+from models.families.base import Family, Target, check_act
 
 GELU = ("gelu", "gelu_python")
 
@@ -84,7 +84,7 @@ _EMBEDDINGS = {
     "embeddings.token_type_embeddings": "encoder.embeddings.token_types",
     "embeddings.LayerNorm": "encoder.embeddings.norm",
 }
-_BERT_LAYER = {
+_BERT_LAYER: dict[str, Target] = {
     "attention.self.query": "attn.q_proj",
     "attention.self.key": "attn.k_proj",
     "attention.self.value": "attn.v_proj",

@@ -12,7 +12,7 @@ dense -> GELU -> LayerNorm -> classifier.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 from models.config import Pooling
 from models.families.base import Family, check_act, rope_theta
@@ -63,7 +63,7 @@ def _head_pooling(hf: dict[str, Any]) -> Pooling:
     pooling = hf.get("classifier_pooling", "cls")
     if pooling not in ("cls", "mean"):
         raise ValueError(f"unsupported classifier_pooling {pooling!r}: supported are cls, mean")
-    return pooling
+    return cast(Pooling, pooling)
 
 
 MODERNBERT = Family(

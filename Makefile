@@ -105,7 +105,7 @@ clean:
 # image-test (CI) builds the export and cpu targets on a stand-in base built from Debian's packages
 # (docker/podman/base.sh, kept once built), runs the cpu image and checks it as an operator would
 # (tests/deploy/images.py). The other three are run by hand: README.md, "What has been run".
-IMAGE_PACKAGES := podman buildah runc debootstrap netavark aardvark-dns
+IMAGE_PACKAGES := podman buildah runc debootstrap netavark aardvark-dns iptables
 PODMAN_COMPOSE := podman-compose==1.6.0
 
 image-deps:

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.server import launch, stop
+from bench.server import exported, launch, stop
 
 log = logging.getLogger("families")
 RESULTS = Path("bench/results")
@@ -72,7 +72,7 @@ def checkpoint(family: str, layers: int, folder: Path) -> Path:
 
 
 def export(folder: Path, out: Path) -> Path:
-    if not (out / "manifest.json").exists():
+    if not exported(out):
         cmd = [sys.executable, "-m", "service.cli", "export", "--model", str(folder), "--out", str(out)]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return out

@@ -35,15 +35,15 @@ from typing import Any
 import httpx
 
 from bench.corpus import sentences
-from bench.server import launch, stop
+from bench.server import exported, launch, stop
 
 log = logging.getLogger("hostile")
 RESULTS = Path("bench/results")
 
 
 def ranker_bundle(out: Path) -> Path:
-    """A MiniLM-shaped random cross-encoder, exported by the CLI (once)."""
-    if (out / "manifest.json").exists():
+    """A MiniLM-shaped random cross-encoder, exported by the CLI (once per bundle format)."""
+    if exported(out):
         return out
     import torch
     import transformers

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.server import launch, stop
+from bench.server import exported, launch, stop
 
 log = logging.getLogger("outputs")
 RESULTS = Path("bench/results")
@@ -78,7 +78,7 @@ def checkpoints(root: Path, layers: int, tiny: bool) -> tuple[Path, Path]:
 
 
 def export(folder: Path, out: Path, *flags: str) -> Path:
-    if not (out / "manifest.json").exists():
+    if not exported(out):
         cmd = [sys.executable, "-m", "service.cli", "export", "--model", str(folder), "--out", str(out), *flags]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return out

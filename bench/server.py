@@ -80,3 +80,13 @@ def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def exported(bundle: Path) -> bool:
+    """A bundle this headwise can serve is already there (its manifest's format is current)."""
+    import json
+
+    from service.manifest import FORMAT_VERSION
+
+    manifest = bundle / "manifest.json"
+    return manifest.exists() and json.loads(manifest.read_text()).get("format") == FORMAT_VERSION

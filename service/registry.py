@@ -203,7 +203,9 @@ def build_model(
 ) -> Model:
     """admission: shared by the models on one device (default: this model's own)."""
     manifest = backend.manifest
-    admission = admission or Admission(settings.request_timeout_s, settings.max_padding_ratio)
+    admission = admission or Admission(
+        settings.request_timeout_s, settings.max_padding_ratio, settings.admission_headroom
+    )
     model = Model(name, backend, manifest.created or int(time.time()), admission)
 
     def batcher(
@@ -450,7 +452,9 @@ class Registry:
         backends = load_backends(specs, loader, settings)
         names = unique_names(specs, [b.manifest.name for b in backends])
         # One admission for all serving batchers: the models share the cores (or the GPU).
-        shared = Admission(settings.request_timeout_s, settings.max_padding_ratio)
+        shared = Admission(
+            settings.request_timeout_s, settings.max_padding_ratio, settings.admission_headroom
+        )
         models = [
             build_model(n, b, settings, metrics, shared)
             for n, b in zip(names, backends, strict=True)

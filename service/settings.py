@@ -94,6 +94,15 @@ class Settings(BaseSettings):
         "token",
     )
 
+    admission_headroom: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="the share of a request's deadline admission plans to fill at the measured "
+        "rate; the rest absorbs what the rate does not see (parsing and tokenising the requests "
+        "around it, models contending for the cores)",
+    )
+
     openai_token_ids: bool = Field(
         True,
         description="accept cl100k_base token-id arrays on /v1/embeddings (LangChain's default)",

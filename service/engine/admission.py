@@ -55,9 +55,13 @@ class Admission:
     but not yet queued (being tokenised) is promised: it counts as ahead of later requests, so
     a burst that arrives at once is not all admitted against an empty queue."""
 
-    def __init__(self, timeout_s: float, padding_ratio: float) -> None:
+    def __init__(self, timeout_s: float, padding_ratio: float, headroom: float = 1.0) -> None:
+        """headroom: the share of a deadline admission plans to fill (the rest absorbs what the
+        measured rate does not see: the CPU that parsing and tokenising the requests around it
+        take, two models' batches contending for the cores)."""
         self.timeout_s = timeout_s
         self.padding_ratio = padding_ratio
+        self.headroom = headroom
         self.batchers: list[Backlogged] = []
         self.promised_s = 0.0
 
@@ -77,25 +81,28 @@ class Admission:
         tokens_per_s = rate.tokens_per_s
         own = batcher.cost(lengths, self.padding_ratio) / tokens_per_s
         source = "measured" if rate.measured else "assumes (HEADWISE_CAPACITY_TOKENS_PER_S)"
-        if own > self.timeout_s:
-            fit = max(1, math.floor(len(lengths) * self.timeout_s / own * 0.8))
+        budget_s = self.timeout_s * self.headroom
+        if own > budget_s:
+            fit = max(1, math.floor(len(lengths) * budget_s / own * 0.8))
             batcher.rejected("over_capacity")
             raise PayloadTooLarge(
                 f"{len(lengths)} inputs of {sum(lengths)} tokens need about {own:.0f} s at the "
-                f"{tokens_per_s:.0f} tokens/s this server {source}, past the request deadline "
-                f"of {self.timeout_s:g} s (HEADWISE_REQUEST_TIMEOUT_S): send at most about "
+                f"{tokens_per_s:.0f} tokens/s this server {source}, past "
+                f"{100 * self.headroom:.0f} % of the request deadline of {self.timeout_s:g} s "
+                "(HEADWISE_REQUEST_TIMEOUT_S, HEADWISE_ADMISSION_HEADROOM): send at most about "
                 f"{fit} such inputs a request",
                 param="inputs",
             )
         ahead = self.ahead_s() if batcher in self.batchers else batcher.backlog_s() + self.promised_s
-        if ahead + own > remaining_s:
+        usable_s = remaining_s - self.timeout_s * (1 - self.headroom)  # the headroom kept free
+        if ahead + own > usable_s:
             batcher.rejected("queue_too_long")
             raise Overloaded(
                 f"the work queued and running ahead needs about {ahead:.1f} s at "
                 f"{tokens_per_s:.0f} tokens/s: this request could not finish within its "
                 f"deadline ({max(0.0, remaining_s):.1f} s left of {self.timeout_s:g} s); "
                 "retry later or send fewer inputs",
-                retry_after=max(1.0, ahead + own - remaining_s),
+                retry_after=max(1.0, ahead + own - usable_s),
             )
         self.promised_s += own
         return own

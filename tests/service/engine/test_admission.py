@@ -136,3 +136,21 @@ def test_models_on_one_device_share_one_admission():
         assert len(models["a"].admission.batchers) == len(models["a"].batchers) + len(
             models["b"].batchers
         ) - 2  # each model's serving batchers; /attention's are apart
+
+
+def test_headroom_keeps_a_share_of_the_deadline_free():
+    """At 0.8, work that fills 85 % of the deadline is refused (429 behind other work, 413
+    alone), 75 % is admitted: the rest absorbs what the measured rate does not see."""
+    admission = Admission(timeout_s=10.0, padding_ratio=0.0, headroom=0.8)
+    b = Stub(100)
+    admission.batchers.append(b)
+    with pytest.raises(PayloadTooLarge) as err:
+        admission.admit(b, [850], 10.0)
+    assert "80 % of the request deadline" in err.value.message
+    admission.admit(b, [750], 10.0)
+    with pytest.raises(Overloaded) as late:
+        admission.admit(b, [100], 10.0)  # 7.5 s promised + 1 s > 8 s
+    assert late.value.retry_after == pytest.approx(1.0)
+    admission.release(7.5)
+    b.backlog = 7.0
+    admission.admit(b, [100], 10.0)  # 7 s queued + 1 s = 8 s: fits exactly

@@ -159,7 +159,8 @@ def test_score_work_that_cannot_finish_behind_the_running_batch_is_refused_at_on
     task = "classify" if path == "/predict" else "rerank"
     labels = ["a", "b"] if task == "classify" else ["score"]
     backend = FakeBackend(fake_manifest("ranker", d=len(labels), task=task, labels=labels))
-    settings = {"capacity_tokens_per_s": 100, "request_timeout_s": 10}
+    # 12.5 s at the default headroom (0.8): admission plans to fill 10 s of it.
+    settings = {"capacity_tokens_per_s": 100, "request_timeout_s": 12.5}
     with client_for(Path("r"), fake_loader(backend), **settings) as c:
         batcher = c.app.state.registry.models["ranker"].score.batcher
         backend.release.clear()

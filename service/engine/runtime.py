@@ -220,9 +220,15 @@ class OnnxBackend:
         return primary, attn
 
     def warmup(self) -> None:
-        for n in (8, self.manifest.max_length):
+        """Each session once, at the longest input it will run (the long lane's: a short one,
+        only to load its kernels: at 8,192 tokens a warm-up batch held 8 GB and took 20 s)."""
+        longest = self.long_tokens or self.manifest.max_length
+        for n in (8, longest):
             ids = np.full((2, n), 5, dtype=np.int64)
             batch = Batch(ids, np.ones_like(ids))
             self.run(batch)
             if self.attention_session is not None and n <= 64:
                 self.attend(batch)
+        if self.long_session is not None:
+            ids = np.full((1, 8), 5, dtype=np.int64)
+            self.run_long(Batch(ids, np.ones_like(ids)))

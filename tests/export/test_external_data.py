@@ -108,3 +108,28 @@ def test_the_fp16_graph_stays_one_file_where_it_fits(family_tokenizers, tmp_path
     assert manifest.graphs["encoder"].data and manifest.graphs["attention"].data
     assert not manifest.graphs["encoder_fp16"].data
     assert not (tmp_path / "bundle" / "encoder.fp16.onnx.data").exists()
+
+
+def test_bge_m3s_three_outputs_survive_external_data(family_tokenizers, m3_bundle, tmp_path, low_limit):
+    """bge-m3 is both: over 2 GiB and three outputs. Exported through external data, its dense,
+    sparse and multi-vector answers equal those of the one-file bundle of the same checkpoint."""
+    from tests.export.output_checkpoints import m3_checkpoint
+    from tests.service.conftest import client_for
+
+    folder = m3_checkpoint(tmp_path / "bge-m3-tiny", family_tokenizers["unigram"])
+    manifest = export(folder, tmp_path / "bundle")
+    assert manifest.graphs["encoder"].data and manifest.outputs == load_bundle(m3_bundle).manifest.outputs
+    body = {"inputs": TEXTS[:2], "outputs": ["dense", "sparse", "multi_vector"]}
+    answers = []
+    for path in (m3_bundle, tmp_path / "bundle"):
+        with client_for(path) as c:
+            r = c.post("/encode", json=body)
+            assert r.status_code == 200, r.text
+            answers.append(r.json())
+    one_file, external_data = answers
+    np.testing.assert_allclose(external_data["embeddings"], one_file["embeddings"], atol=1e-5)
+    for a, b in zip(external_data["sparse"], one_file["sparse"], strict=True):
+        assert [w["index"] for w in a] == [w["index"] for w in b]
+        np.testing.assert_allclose([w["value"] for w in a], [w["value"] for w in b], atol=1e-5)
+    for a, b in zip(external_data["multi_vector"], one_file["multi_vector"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

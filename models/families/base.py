@@ -118,3 +118,15 @@ def rope_theta(hf: dict[str, Any], kind: str | None, legacy: str, default: float
     if rope_type != "default":
         raise ValueError(f"unsupported rope_type {rope_type!r}: only 'default' rotary is")
     return float(params.get("rope_theta", hf.get(legacy, default)))
+
+
+# The attention of the Llama lineage (Gemma 3, Qwen3): q/k/v/o projections and q/k RMSNorms,
+# by their names in transformers' checkpoints -> ours.
+GQA_ATTENTION = {
+    "self_attn.q_proj": "attn.q_proj",
+    "self_attn.k_proj": "attn.k_proj",
+    "self_attn.v_proj": "attn.v_proj",
+    "self_attn.o_proj": "attn.out_proj",
+    "self_attn.q_norm": "attn.q_norm",
+    "self_attn.k_norm": "attn.k_norm",
+}

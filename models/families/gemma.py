@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from models.families.base import Family, check_act, rope_theta
+from models.families.base import GQA_ATTENTION, Family, check_act, rope_theta
 
 
 def layer_types(hf: dict[str, Any], n_layers: int) -> list[str]:
@@ -78,12 +78,7 @@ GEMMA3 = Family(
     layer_prefix="layers",
     layer={
         "input_layernorm": "norm1",
-        "self_attn.q_proj": "attn.q_proj",
-        "self_attn.k_proj": "attn.k_proj",
-        "self_attn.v_proj": "attn.v_proj",
-        "self_attn.o_proj": "attn.out_proj",
-        "self_attn.q_norm": "attn.q_norm",
-        "self_attn.k_norm": "attn.k_norm",
+        **GQA_ATTENTION,
         "post_attention_layernorm": "post_attn_norm",
         "pre_feedforward_layernorm": "norm2",
         "post_feedforward_layernorm": "post_ffn_norm",

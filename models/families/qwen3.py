@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from models.config import Pooling
-from models.families.base import Family, check_act, rope_theta
+from models.families.base import GQA_ATTENTION, Family, check_act, rope_theta
 
 
 def _config(hf: dict[str, Any]) -> dict[str, Any]:
@@ -75,12 +75,7 @@ QWEN3 = Family(
     layer_prefix="layers",
     layer={
         "input_layernorm": "norm1",
-        "self_attn.q_proj": "attn.q_proj",
-        "self_attn.k_proj": "attn.k_proj",
-        "self_attn.v_proj": "attn.v_proj",
-        "self_attn.o_proj": "attn.out_proj",
-        "self_attn.q_norm": "attn.q_norm",
-        "self_attn.k_norm": "attn.k_norm",
+        **GQA_ATTENTION,
         "post_attention_layernorm": "norm2",
         "mlp.gate_proj": "ffn.gate",
         "mlp.up_proj": "ffn.up",

@@ -280,10 +280,6 @@ def build_model(
         model.batchers.append(model.attention.batcher)
     if model.score is None and "dense" not in manifest.outputs:
         return model  # explanations compare dense vectors (or scores)
-    if manifest.rerank_template is not None:
-        # Not yet: its pairs are one templated text whose words (the instruction's among them)
-        # would need mapping back to the query and the document before they can be occluded.
-        return model
     serving = model.embed or model.score
     assert serving is not None
     # Explanations run on the serving batchers (and lanes), with their traffic; their pacer
@@ -291,7 +287,7 @@ def build_model(
     lanes = serving.intake
     model.explain = ExplainPipeline(
         name,
-        backend,
+        templated(backend, own_words=True),  # a causal LM reranker's words, not its template's
         Intake(lanes.batcher, admission, metrics, "explain", name, lanes.long, lanes.long_tokens),
         settings,
         Traffic(lambda: (b for b in admission.batchers if isinstance(b, DynamicBatcher))),

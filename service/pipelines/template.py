@@ -123,17 +123,24 @@ class PairTemplate:
         return [self.cut(e) for e in self.tokenize(self.middles(pairs, instruction), True)]
 
     def encodings(
-        self, pairs: Sequence[tuple[str, str]], instruction: str | None = None
+        self,
+        pairs: Sequence[tuple[str, str]],
+        instruction: str | None = None,
+        own_words: bool = False,
     ) -> list[Encoding]:
         """Each pair as one Encoding (tokens, offsets: /attention) of the ids `cut` gives:
         sequence 0 up to the document's first token, 1 from there on, as a pair's encoding says
         where its second text starts; `overflowing` holds what was cut, if anything. Offsets
-        are within the prefix, the middle or the suffix, each."""
+        are within the prefix, the middle or the suffix, each.
+
+        own_words (/explain): only the query's and the document's own tokens are ordinary,
+        with their offsets in their own text and their word indices; everything the template
+        adds around them (prefix, instruction, labels, suffix) is marked special."""
         t = self.template
         prefix, suffix = (_parts(e) for e in self.tokenize([t.prefix, t.suffix], False))
         middles = self.tokenize(self.middles(pairs, instruction), True)
         out = []
-        for (query, _), whole in zip(pairs, middles, strict=True):
+        for (query, document), whole in zip(pairs, middles, strict=True):
             n = len(whole.ids)
             kept = list(range(n))
             if n > self.limit or whole.overflowing:
@@ -145,6 +152,11 @@ class PairTemplate:
             spans = [whole.offsets[k] for k in kept]
             split = next((i for i, (a, b) in enumerate(spans) if b > start and b > a), len(kept))
             parts = _parts(whole)
+            if own_words:
+                parts |= self._own_words(whole, instruction, query, start, len(document))
+                for edge in (prefix, suffix):
+                    edge["special_tokens_mask"] = [1] * len(edge["ids"])
+                    edge["words"] = [None] * len(edge["ids"])
             middle = {key: [parts[key][k] for k in kept] for key in parts}
             state: dict[str, Any] = {k: prefix[k] + middle[k] + suffix[k] for k in parts}
             first = len(prefix["ids"]) + split
@@ -158,26 +170,53 @@ class PairTemplate:
 
     def _document_start(self, instruction: str | None, query: str) -> int:
         """Where the document starts in the middle text, in characters."""
+        return self._field_start(instruction, query, "document")
+
+    def _field_start(self, instruction: str | None, query: str, name: str) -> int:
+        """Where a field of the format (query, document) starts in the middle text."""
         t = self.template
         values = {"instruction": t.instruction if instruction is None else instruction}
         values["query"] = query
         at = 0
         for literal, field, _, _ in string.Formatter().parse(t.format):
             at += len(literal)
-            if field == "document":
+            if field == name:
                 return at
             if field is not None:
                 at += len(values[field])
         return at
+
+    def _own_words(
+        self, whole: Encoding, instruction: str | None, query: str, doc_start: int, doc_len: int
+    ) -> dict[str, list[Any]]:
+        """The middle's tokens as /explain sees them: a token reaching into the query or the
+        document is one of its words (offsets in that text, clipped to it); any other is the
+        template's, special."""
+        q_start = self._field_start(instruction, query, "query")
+        spans = ((q_start, q_start + len(query)), (doc_start, doc_start + doc_len))
+        special, offsets = [], []
+        for (a, b), mask in zip(whole.offsets, whole.special_tokens_mask, strict=True):
+            inside = next(
+                (s for s in spans if not mask and b > a and b > s[0] and a < s[1]), None
+            )
+            special.append(0 if inside else 1)
+            if inside is None:
+                offsets.append([a, b])
+            else:
+                lo, hi = inside
+                offsets.append([max(a, lo) - lo, min(b, hi) - lo])
+        return {"special_tokens_mask": special, "offsets": offsets, "words": list(whole.word_ids)}
 
 
 class TemplatedBackend:
     """A causal LM reranker's backend as /attention sees it: its pairs go through the template
     (the default instruction), everything else is the backend's own."""
 
-    def __init__(self, backend: Backend, template: PairTemplate) -> None:
+    def __init__(self, backend: Backend, template: PairTemplate, own_words: bool = False) -> None:
+        """own_words: pairs as /explain needs them (PairTemplate.encodings)."""
         self.backend = backend
         self.template = template
+        self.own_words = own_words
         self.manifest = backend.manifest
         self.info = backend.info
         self.token_output = backend.token_output
@@ -190,7 +229,7 @@ class TemplatedBackend:
         return self.backend.tokenize(texts, add_special_tokens, direction)
 
     def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]:
-        return self.template.encodings(pairs)
+        return self.template.encodings(pairs, own_words=self.own_words)
 
     def count_tokens(self, text: str) -> int:
         return self.backend.count_tokens(text)
@@ -220,11 +259,12 @@ class TemplatedBackend:
         self.backend.warmup()
 
 
-def templated(backend: Backend) -> Backend:
-    """The backend, its pairs through its manifest's rerank template when it has one."""
+def templated(backend: Backend, own_words: bool = False) -> Backend:
+    """The backend, its pairs through its manifest's rerank template when it has one
+    (own_words: as /explain needs them)."""
     template = backend.manifest.rerank_template
     if template is None:
         return backend
     return TemplatedBackend(
-        backend, PairTemplate(template, backend.tokenize, backend.manifest.max_length)
+        backend, PairTemplate(template, backend.tokenize, backend.manifest.max_length), own_words
     )

@@ -33,14 +33,20 @@ def write_tokenizer(folder: Path, vocab_size: int = VOCAB) -> Path:
 
 
 def reinit(model: nn.Module, seed: int = 0, std: float = 0.1) -> nn.Module:
-    """Every parameter ~ N(0, std); LayerNorm scales ~ 1 + N(0, std). (Gemma's RMSNorm stores
-    its scale as an offset from 1, so N(0, std) is already around 1 there.)"""
+    """Every parameter ~ N(0, std); LayerNorm and RMSNorm scales ~ 1 + N(0, std). (Gemma's
+    RMSNorm stores its scale as an offset from 1, so N(0, std) is already around 1 there. A
+    Qwen3 RMSNorm at N(0, 0.1) scaled its q/k to a tenth: attention all but uniform, and an
+    occluded word moved a reranker's score by 1e-4, the tolerance itself.)"""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
             for name, p in module.named_parameters(recurse=False):
                 noise = torch.randn(p.shape, generator=g) * std
-                scale = isinstance(module, nn.LayerNorm) and name == "weight"
+                kind = type(module).__name__
+                norm = isinstance(module, nn.LayerNorm) or (
+                    kind.endswith("RMSNorm") and not kind.startswith("Gemma")
+                )
+                scale = norm and name == "weight"
                 p.copy_(noise + 1.0 if scale else noise)
     return model.eval()
 

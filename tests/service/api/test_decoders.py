@@ -152,10 +152,44 @@ def test_a_decoder_chunks_separately_and_refuses_late_chunking(client, models):
     np.testing.assert_allclose(first["embedding"], alone.json()["embeddings"][0], atol=TOLERANCE)
 
 
-def test_a_templated_reranker_does_not_explain_and_says_so(client):
-    r = client.post("/explain", json={"model": "rr", "pair": ["a cat", "the cat sat"]})
-    assert r.status_code == 400 and "rr" in r.text, r.text
-    assert client.post("/explain", json={"model": "cls", "pair": ["a cat", "the cat"]}).is_success
+def test_a_templated_rerankers_importance_is_the_p_yes_lost_over_its_own_words(client, models):
+    """/explain occludes the query's and the document's words, never the template around them;
+    each importance is the card's P(yes) lost, as transformers' causal LM computes it with the
+    same positions left out of the mask."""
+    from service.manifest import Manifest
+    from service.pipelines.template import PairTemplate, with_tokenizer
+    from tests.service.api.test_explain import groups, masks_for
+
+    query, document = "where does the cat sleep", "the cat sleeps on a warm mat by the door"
+    body = {"model": "rr", "pair": [query, document], "granularity": "word"}
+    r = client.post("/explain", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    bundle = models["root"] / "rr-bundle"
+    manifest = Manifest.model_validate_json((bundle / "manifest.json").read_text())
+    template = manifest.rerank_template
+    assert template is not None
+    tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    pairs = PairTemplate(template, with_tokenizer(tok), manifest.max_length)
+    (enc,) = pairs.encodings([(query, document)], own_words=True)
+    assert enc.ids == pairs.sequences([(query, document)])[0].ids  # the ids /rerank scores
+    parts = groups(enc, word=True)
+    masks = masks_for(enc, parts)
+    with torch.no_grad():
+        logits = models["rr"](
+            input_ids=torch.tensor([enc.ids] * len(masks)),
+            attention_mask=torch.from_numpy(masks),
+            **NO_CACHE,
+        ).logits[:, -1].numpy()
+    p_yes = 1 / (1 + np.exp(-(logits[:, template.yes_id] - logits[:, template.no_id])))
+    assert got["score"] == pytest.approx(card(models, [document], query=query)[0], abs=1e-4)
+    assert got["score"] == pytest.approx(p_yes[0], abs=1e-4)
+    flat = [p["importance"] for text in got["parts"] for p in text]
+    np.testing.assert_allclose(flat, p_yes[0] - p_yes[1:], atol=1e-4)
+    assert np.abs(flat).max() > 1e-2, (got["score"], flat)  # the words do move the score
+    for text, words in zip((query, document), got["parts"], strict=True):
+        assert [p["text"] for p in words] == text.split()  # every word once, nothing else
+        assert all(p["text"] == text[p["start"] : p["stop"]] for p in words)
 
 
 def test_info_names_the_instruction_format_and_the_graphs_files(client):

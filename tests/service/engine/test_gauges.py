@@ -53,7 +53,9 @@ def test_depth_counts_the_enqueued_text_and_drops_when_its_batch_is_taken():
 
 def test_depth_drops_when_a_queued_request_passes_its_deadline():
     backend = FakeBackend(fake_manifest("fake"))
-    with client_for(Path("fake"), fake_loader(backend), request_timeout_s=0.5) as c:
+    # 2 s: long enough for the queued text to be seen in the gauge on a busy machine (at 0.5 s
+    # it once expired between two looks), short enough to wait out.
+    with client_for(Path("fake"), fake_loader(backend), request_timeout_s=2.0) as c:
         (t1, _), (t2, a2) = held_with_one_queued(c, backend)
         t2.join(10)
         assert a2[0].status_code == 503

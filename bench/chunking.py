@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import re
@@ -28,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from bench.outputs import cpu_flags
+from bench.results_io import cpu_flags, save
 from bench.server import launch, stop
 
 log = logging.getLogger("chunking")
@@ -145,11 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                "cpus": os.cpu_count(), "cpu_flags": cpu_flags(),
                "when": time.strftime("%Y-%m-%d %H:%M"),
                **measure(args.bundle, documents(n, words), sizes, args.clients, rounds)}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "chunking.json").write_text(json.dumps(results, indent=1) + "\n")
-    text = report(results)
-    (args.out / "chunking.md").write_text(text)
-    print(text)  # noqa: T201 - the report is the command's output
+    save(args.out, "chunking", results, report(results))
     return 0
 
 

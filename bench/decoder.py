@@ -32,6 +32,7 @@ from tokenizers import Tokenizer
 from bench.children import run_measured
 from bench.corpus import sentences
 from bench.int8 import interleaved_rates
+from bench.results_io import cpu_flags
 from bench.server import get, launch
 from service.manifest import Manifest
 from service.pipelines.template import PairTemplate, with_tokenizer
@@ -284,9 +285,7 @@ def export_section(work: Path, save: Callable[[dict], None]) -> dict:
 
 
 def cpu() -> str:
-    flags = sorted(set(re.findall(r"avx512[a-z_]*|avx2", subprocess.run(
-        ["lscpu"], capture_output=True, text=True).stdout)))  # fmt: skip
-    return f"{os.cpu_count()} cores, {' '.join(flags)}"
+    return f"{os.cpu_count()} cores, {cpu_flags()}"
 
 
 def render(r: dict) -> str:

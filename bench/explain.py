@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import platform
@@ -34,6 +33,7 @@ import httpx
 from tokenizers import Tokenizer
 
 from bench.corpus import sentences
+from bench.results_io import save, vector_flags
 from bench.server import launch, stop
 from service.bundle import load_bundle
 
@@ -45,9 +45,8 @@ def cpu() -> dict[str, Any]:
     """The model name and the vector extensions ONNX Runtime can use (lscpu's flags)."""
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     name = re.search(r"^model name\s*:\s*(.+)$", text, flags=re.M)
-    flags = re.search(r"^flags\s*:\s*(.+)$", text, flags=re.M)
-    vector = sorted({f for f in (flags.group(1).split() if flags else []) if re.match(r"avx2$|avx512", f)})
-    return {"model": name.group(1) if name else platform.processor(), "cores": os.cpu_count(), "flags": vector}
+    return {"model": name.group(1) if name else platform.processor(), "cores": os.cpu_count(),
+            "flags": vector_flags()}  # fmt: skip
 
 
 def texts_of(tokenizer: Tokenizer, tokens: int, count: int, seed: int) -> list[str]:
@@ -254,11 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         stop(proc)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "explain.json").write_text(json.dumps(out, indent=1) + "\n")
-    table = report(out)
-    (args.out / "explain.md").write_text(table)
-    print(table)  # noqa: T201 - the report is the command's output
+    save(args.out, "explain", out, report(out))
     return 0
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.results_io import save
 from bench.server import exported, launch, stop
 
 log = logging.getLogger("families")
@@ -233,11 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     for fam in args.families:
         log.info("%s", fam)
         results["families"][fam] = measure(fam, args.layers, args.root, args.rounds)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "families.json").write_text(json.dumps(results, indent=1) + "\n")
-    text_ = report(results)
-    (args.out / "families.md").write_text(text_)
-    print(text_)  # noqa: T201 - the report is the command's output
+    save(args.out, "families", results, report(results))
     return 0
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from bench.corpus import sentences
+from bench.results_io import save
 from bench.server import exported, launch, stop
 
 log = logging.getLogger("hostile")
@@ -294,11 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     out["deadlines"] = asyncio.run(deadlines(bundles, args.timeout, args.load, 0))
     log.info("gone clients")
     out["gone"] = asyncio.run(gone_clients(bundles, args.documents, 0))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hostile.json").write_text(json.dumps(out, indent=1) + "\n")
-    text = report(out)
-    (args.out / "hostile.md").write_text(text)
-    print(text)  # noqa: T201 - the report is the command's output
+    save(args.out, "hostile", out, report(out))
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import subprocess
@@ -30,21 +29,13 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.results_io import cpu_flags, save
 from bench.server import exported, launch, stop
 
 log = logging.getLogger("outputs")
 RESULTS = Path("bench/results")
 WIDE = {"hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536}
 TINY = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64}
-
-
-def cpu_flags() -> str:
-    """The vector extensions lscpu names (figures differ between AVX2 and AVX-512 machines)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0].split()
-    except (OSError, IndexError):
-        return "unknown"
-    return " ".join(sorted({f for f in flags if f.startswith("avx512") or f == "avx2"})) or "none"
 
 
 def checkpoints(root: Path, layers: int, tiny: bool) -> tuple[Path, Path]:
@@ -215,11 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                "cpus": os.cpu_count(), "cpu_flags": cpu_flags(),
                "when": time.strftime("%Y-%m-%d %H:%M"),
                **measure(args.root, layers, rounds, args.tiny)}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "outputs.json").write_text(json.dumps(results, indent=1) + "\n")
-    text_ = report(results)
-    (args.out / "outputs.md").write_text(text_)
-    print(text_)  # noqa: T201 - the report is the command's output
+    save(args.out, "outputs", results, report(results))
     return 0
 
 

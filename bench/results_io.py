@@ -1,0 +1,33 @@
+"""What every benchmark records about the machine, and how it saves what it measured."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+
+def vector_flags() -> list[str]:
+    """The vector extensions the CPU has (/proc/cpuinfo, as lscpu names them): figures differ
+    between AVX2 and AVX-512 machines."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = re.search(r"^flags\s*:\s*(.+)$", text, flags=re.M)
+    return sorted({f for f in (flags.group(1).split() if flags else []) if re.match(r"avx2$|avx512", f)})
+
+
+def cpu_flags() -> str:
+    """vector_flags() as one string ("none" without any)."""
+    return " ".join(vector_flags()) or "none"
+
+
+def save(out: Path, name: str, results: dict[str, Any], report: str) -> None:
+    """out/name.json (the figures) and out/name.md (the report), and the report printed: the
+    command's output."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{name}.md").write_text(report)
+    print(report)  # noqa: T201 - the report is the command's output

@@ -198,14 +198,17 @@ def requests(docs: list[str], per_request: int) -> dict[str, list[tuple[str, dic
     }
 
 
-def serve_section(work: Path, shape: dict, docs: list[str], concurrency: int) -> dict:
+def serve_section(
+    work: Path, shape: dict, docs: list[str], concurrency: int, int8: bool = True
+) -> dict:
     out: dict = {}
     bundles = {}
     # int8 under the export's cosine floor alone: random weights retrieve nothing, so the
     # retrieval gate (--int8-pairs) would measure noise, node by node (minutes at this size).
+    quantise = ["--int8"] if int8 else []
     for name, kind, flags in (
-        ("emb", "qwen3-embedder", ["--int8", "--int8-pairs", "0"]),
-        ("rr", "qwen3-reranker", ["--task", "rerank", "--int8"]),
+        ("emb", "qwen3-embedder", [*quantise, "--int8-pairs", "0"]),
+        ("rr", "qwen3-reranker", ["--task", "rerank", *quantise]),
     ):
         folder, bundle = work / f"{name}-model", work / f"{name}-bundle"
         build_child(kind, folder, shape, "float32")
@@ -288,12 +291,8 @@ def cpu() -> str:
     return f"{os.cpu_count()} cores, {cpu_flags()}"
 
 
-def render(r: dict) -> str:
+def serve_table(r: dict) -> list[str]:
     lines = [
-        f"# Decoders ({r['mode']}, {r['layers']} layers)",
-        "",
-        f"CPU: {r['cpu']}. {r['docs']} docs (real sentences), 16 a request, "
-        f"{r['concurrency']} clients; graph direct: length-sorted batches of 16.",
         "",
         "| model | tokens/doc | graph fp32 | HTTP fp32 | graph int8 | HTTP int8 | int8 nodes (kept fp32) | export s | export peak RSS |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -312,6 +311,18 @@ def render(r: dict) -> str:
         lines += ["", "Server (both models, /attention off): " + "; ".join(
             f"{p}: warm {m['warm'] / GB:.2f} GB, peak {m['peak'] / GB:.2f} GB "
             f"(graphs {m['models_graphs'] / GB:.2f} GB)" for p, m in rss.items())]  # fmt: skip
+    return lines
+
+
+def render(r: dict) -> str:
+    lines = [
+        f"# Decoders ({r['mode']}, {r['layers']} layers)",
+        "",
+        f"CPU: {r['cpu']}. {r['docs']} docs (real sentences), 16 a request, "
+        f"{r['concurrency']} clients; graph direct: length-sorted batches of 16.",
+    ]
+    if "serve" in r:
+        lines += serve_table(r)
     if r.get("export"):
         lines += [
             "",
@@ -349,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--no-hub-exports", action="store_true", help="skip the Hub shapes' exports")
+    p.add_argument("--no-serve", action="store_true", help="only the Hub shapes' exports")
+    p.add_argument(
+        "--no-int8",
+        action="store_true",
+        help="serve fp32 only (at 28 random layers int8 may miss the cosine floor, and the "
+        "node-by-node search that follows quantises a 2.4 GB graph hundreds of times)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/results/decoder"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -371,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-decoder.") as tmp:
         work = Path(tmp)
-        save(serve_section(work, shape, docs, args.concurrency), "serve")
+        if not args.no_serve:
+            serve = serve_section(work, shape, docs, args.concurrency, not args.no_int8)
+            save(serve, "serve")
         if not (args.tiny or args.no_hub_exports):
             save(export_section(work, save))
     table = render(result)

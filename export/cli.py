@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             pooling=args.pooling,
             task=None if args.task == "sparse" else args.task,
             judge=(judge.yes, judge.no),
+            keep_half=True,  # a half-precision checkpoint is held as stored (export/stream.py)
         )
         loaded = with_outputs(loaded, sparse=args.task == "sparse", pooling=args.pooling)
         manifest = build_bundle(

@@ -11,10 +11,10 @@ A large graph is optimised and re-saved "lean": loaded without its weights, whic
 and are streamed into the new data file a tensor at a time; only what a fusion reads (q, k, v to
 pack) comes into memory.
 
-Memory: the TorchScript exporter's whole-graph shape inference serialises the graph with its
-weights (two more copies) and, past 2 GiB, fails and is skipped anyway; `lean_tracing` skips it
-up front for a model that large. The exporter still copies each tensor as it writes it: its
-peak is the weights plus the largest tensor.
+Memory: the exporter traces memoryless stand-ins of the weights (export/stream.py), but its
+whole-graph shape inference serialises the graph with them (two copies of the float32 weights,
+materialised) and, past 2 GiB, fails and is skipped anyway; `lean_tracing` skips it up front for
+a model that large.
 """
 
 from __future__ import annotations
@@ -163,9 +163,9 @@ def rewrite(source: Path, path: Path) -> list[Path]:
 
 @contextmanager
 def lean_tracing(model: nn.Module) -> Iterator[None]:
-    """For a model past one protobuf, skip the TorchScript exporter's whole-graph shape
-    inference (it copies every weight twice, then fails at 2 GiB and is skipped by the exporter
-    itself: the graph is the same without it)."""
+    """For a model past one protobuf (counted as traced: float32 stand-ins), skip the
+    TorchScript exporter's whole-graph shape inference (it copies every weight twice, then
+    fails at 2 GiB and is skipped by the exporter itself: the graph is the same without it)."""
     if parameter_bytes(model) <= INLINE_LIMIT:
         yield
         return

@@ -4,9 +4,10 @@ Both graphs take `inputs` (input_ids, attention_mask, and token_type_ids for a B
 cross-encoder, whose pairs need them) and put the primary output first: the pooled sentence
 embedding (task embed) or the logits (rerank, classify). A model with other outputs
 (models/outputs.py: lexical weights, a SPLADE vector, token vectors) has them all in its
-serving graph, its primary one first (the dense vector when it has one). A model past 2 GiB of
-weights is written with torch's external data (one file per tensor, beside the graph: give each
-graph its own folder); export/external.py re-saves it as one graph and one data file.
+serving graph, its primary one first (the dense vector when it has one). The exporter traces
+the graph without the weights, which export/stream.py then writes into `<graph>.data` beside
+it a tensor at a time, in float32 whatever the checkpoint's dtype; export/optimize.py and
+export/external.py re-save each graph as one file, or one graph and one data file past 2 GiB.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from export import stream
 from export.external import lean_tracing
 from export.fused import ort_kernels
 from models.encoder import SentenceEncoder, config_of
@@ -112,21 +114,27 @@ def _export(
     module.eval()
     inputs = graph_inputs(model)
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
-    with torch.no_grad(), warnings.catch_warnings(), lean_tracing(model):
+    sample = _sample_inputs(config_of(model).vocab_size, inputs)
+    with torch.no_grad(), warnings.catch_warnings(), stream.shadow_weights(module) as state:
         # The TorchScript exporter is the one whose graph shape ONNX Runtime's BERT fusion
-        # matches; it warns that it is deprecated.
+        # matches; it warns that it is deprecated. It traces memoryless stand-ins of the
+        # weights, which stream.materialize then writes (export/stream.py).
         warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            _sample_inputs(config_of(model).vocab_size, inputs),
-            str(path),
-            input_names=inputs,
-            output_names=outputs,
-            dynamic_axes={**axes, **dynamic},
-            opset_version=OPSET,
-            do_constant_folding=True,
-            dynamo=False,
-        )
+        with lean_tracing(module):
+            torch.onnx.export(
+                module,
+                sample,
+                str(path),
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_axes={**axes, **dynamic},
+                opset_version=OPSET,
+                export_params=False,
+                keep_initializers_as_inputs=True,
+                do_constant_folding=False,
+                dynamo=False,
+            )
+    stream.materialize(path, state)
     log.info("exported %s", path)
 
 

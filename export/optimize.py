@@ -272,6 +272,18 @@ def _quantize(
     )
 
 
+def quantisable(model: onnx.ModelProto) -> list[str]:
+    """The MatMul and Attention nodes whose weight is a 2-D initializer: per-channel int8 has
+    one scale per column of a matrix. (A product with a folded 3-D constant, DeBERTa's
+    relative positions projected per head, is not a weight and stays float32.)"""
+    dims = {t.name: len(t.dims) for t in model.graph.initializer}
+    return [
+        n.name
+        for n in model.graph.node
+        if n.op_type in ("MatMul", "Attention") and dims.get(n.input[1]) == 2
+    ]
+
+
 def to_int8(
     fused: Path,
     out: Path,
@@ -288,10 +300,8 @@ def to_int8(
     the precision the gate can see). Every node kept: the fp32 graph's quality, and the gate
     has nothing left to trade.
     """
-    model = external.load_lean(fused)
-    candidates = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Attention")]
-    del model  # the search quantises from the file, many times
-    _quantize(fused, out)
+    candidates = quantisable(external.load_lean(fused))
+    _quantize(fused, out, include=candidates)
     tried = 1
     if passes(out):
         return Int8Report(_counts(out), [], len(candidates), tried)
@@ -306,14 +316,14 @@ def to_int8(
     lo, hi = 1, len(ranked)  # fewest kept that may pass .. known to pass (all kept)
     while lo < hi:
         k = (lo + hi) // 2
-        _quantize(fused, out, exclude=ranked[:k])
+        _quantize(fused, out, include=candidates, exclude=ranked[:k])
         tried += 1
         if passes(out):
             hi = k
         else:
             lo = k + 1
     kept = ranked[:hi]
-    _quantize(fused, out, exclude=kept)
+    _quantize(fused, out, include=candidates, exclude=kept)
     log.info("int8: kept %d of %d nodes in fp32 (%d graphs scored)", len(kept), len(ranked), tried)
     return Int8Report(_counts(out), kept, len(candidates), tried)
 

@@ -18,7 +18,6 @@ from tokenizers import Tokenizer
 from export import verify
 from models.outputs import TOKEN_VECTORS, TOKEN_WEIGHTS, VOCABULARY, MultiOutputEncoder
 from models.weights import LoadedModel
-from service.engine.sessions import build_session
 from service.manifest import MultiVectorOutput, Parity, SparseOutput
 from service.tensors import cosines
 
@@ -165,7 +164,7 @@ def check(
 ) -> dict[str, Parity]:
     """Each output but the primary and the token states, against `want`; raises when off:
     fp32 by absolute difference, a lower precision (min_cosine) by cosine."""
-    session = build_session(graph)
+    session = verify.checking_session(graph)
     names = [n for n in model.spec.graph_outputs[1:] if n in (TOKEN_WEIGHTS, VOCABULARY, TOKEN_VECTORS)]
     if model.spec.graph_outputs[0] != "sentence_embedding":
         names.insert(0, model.spec.graph_outputs[0])

@@ -9,9 +9,10 @@ decoder's `*ForCausalLM` checkpoint with task rerank becomes a yes/no reranker
 
 Weights of any size: model.safetensors or pytorch_model.bin (read with weights_only=True:
 never arbitrary unpickling), or their shards listed by model.safetensors.index.json /
-pytorch_model.bin.index.json; float16 and bfloat16 tensors become float32 one at a time. The
-model is built on the meta device and takes the checkpoint's tensors themselves (no second
-copy, no random initialisation), so loading holds about the float32 weights once.
+pytorch_model.bin.index.json; float16 and bfloat16 tensors become float32 one at a time, or
+with `keep_half` stay as stored (export: models/precision.py computes with them in float32).
+The model is built on the meta device and takes the checkpoint's tensors themselves (no second
+copy, no random initialisation), so loading holds the weights once.
 """
 
 from __future__ import annotations
@@ -119,13 +120,14 @@ def assign_weights(
     family: Family = BERT,
     with_head: bool = False,
     extra: dict[str, Tensor] | None = None,
+    keep_half: bool = False,
 ) -> None:
     """Checkpoint tensors (mapped by the family's rules) plus `extra` ones already named ours
     (Dense modules) -> the model; anything missing, unexpected or mis-shaped is named.
 
     The model may be on the meta device: it takes the tensors themselves, in float32 (a float32
-    tensor is used as it is). `hf_state` is consumed: each tensor leaves it as it is converted,
-    so a half-precision checkpoint is never held twice."""
+    tensor is used as it is), or with `keep_half` in the checkpoint's own dtype. `hf_state` is
+    consumed: each tensor leaves it as it is converted, so a checkpoint is never held twice."""
     ours = model.state_dict()
     mapped = {k: v.float() for k, v in (extra or {}).items() if k in ours}
     unexpected = [k for k in extra or {} if k not in ours]
@@ -133,7 +135,7 @@ def assign_weights(
         tensor = hf_state.pop(hf_name)
         for name, part in family.tensors(hf_name, tensor, with_head):
             if name in ours:
-                mapped[name] = part.float()
+                mapped[name] = part if keep_half and part.is_floating_point() else part.float()
             elif not family.is_unused(name):
                 unexpected.append(hf_name)
         del tensor
@@ -274,8 +276,11 @@ def load_pretrained(
     pooling: str | None = None,
     task: Task | None = None,
     judge: tuple[str, str] = ("yes", "no"),
+    keep_half: bool = False,
 ) -> LoadedModel:
-    """judge: the (yes, no) tokens a causal LM loaded as a reranker answers with."""
+    """judge: the (yes, no) tokens a causal LM loaded as a reranker answers with; keep_half:
+    float16 and bfloat16 weights stay as stored (the model computes in float32 only inside
+    models.precision.float32_compute)."""
     folder = Path(folder)
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
@@ -322,7 +327,7 @@ def load_pretrained(
     extra = dense_weights(dense)
     if ids is not None:
         extra |= _judge_head(hf, state, family, ids)
-    assign_weights(model, state, family, task != "embed" and not judged, extra)
+    assign_weights(model, state, family, task != "embed" and not judged, extra, keep_half)
     del state
     model.eval()
     length = _max_length(folder, config, max_length, st.max_length)

@@ -16,12 +16,16 @@ def build_session(
     threads: int = 0,
     spin: bool = False,
     arena: bool = True,
+    prepack: bool = True,
 ) -> ort.InferenceSession:
     """A sequential session with full graph optimisation.
 
     spin: let intra-op threads spin between the ops of a run (lower latency; only one session
     in a process should, several spinning at once fight for the cores: measured ~5x slower).
     arena: ONNX Runtime's CPU memory arena (fast, but keeps the largest shape it has seen).
+    prepack: copy MatMul weights into the GEMM's packed layout (faster). Without it a graph's
+    external weights are read where ONNX Runtime maps them from their data file, never copied:
+    export's parity runs of a large graph use that.
     """
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -33,6 +37,8 @@ def build_session(
     # Spinning past the end of a run steals the core the HTTP side needs next: spin between
     # the ops of a run, stop when it returns (measured: best of both).
     opts.add_session_config_entry("session.force_spinning_stop", "1")
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     opts.log_severity_level = 3
     model = path if isinstance(path, bytes) else str(path)
     return ort.InferenceSession(model, opts, providers=providers or [CPU])

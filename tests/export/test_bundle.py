@@ -197,7 +197,12 @@ def test_export_fails_and_writes_nothing_when_fusion_misses(tmp_path, model_dir,
 
 def test_export_fails_on_parity(tmp_path, model_dir, monkeypatch):
     monkeypatch.setattr(
-        verify, "torch_reference", lambda m, i, k: (np.ones((len(i), 32), np.float32), None)
+        verify,
+        "torch_reference",
+        lambda m, i, k: (
+            np.ones((len(i), 32), np.float32),
+            np.zeros((1, len(i), 1, i.shape[1], i.shape[1]), np.float32),  # maps: broadcast
+        ),
     )
     with pytest.raises(verify.ParityError, match="min cosine"):
         build_bundle(tiny_loaded(model_dir, seed=2), tmp_path / "b")

@@ -7,6 +7,7 @@ its truncation), a Qwen3ForCausalLM reranker (its model card's P(yes)), a sequen
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -261,3 +262,30 @@ def test_sequence_classifier_logits_equal_transformers_on_tokenizer_pairs(tmp_pa
     assert np.abs(serve(tmp_path / "bundle", x) - want).max() < TOLERANCE
     fp16 = build_session(tmp_path / "bundle" / "encoder.fp16.onnx").run(None, x)[0]
     assert np.abs(fp16 - want).max() < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_checkpoint_exports_the_graph_of_its_float32_weights(tmp_path, dtype):
+    """The CLI holds a half-precision checkpoint as stored (export/stream.py); its bundle
+    computes what the same weights saved in float32 export to."""
+    from safetensors.torch import save_file
+
+    from models.weights import read_state_dict
+
+    save_embedder(tmp_path / "half")
+    state = {k: v.to(dtype) for k, v in read_state_dict(tmp_path / "half").items()}
+    save_file(state, str(tmp_path / "half" / "model.safetensors"))
+    shutil.copytree(tmp_path / "half", tmp_path / "wide")
+    wide = {k: v.float() for k, v in state.items()}
+    save_file(wide, str(tmp_path / "wide" / "model.safetensors"))
+    half = export(tmp_path / "half", tmp_path / "half-bundle")
+    export(tmp_path / "wide", tmp_path / "wide-bundle")
+    x = verify.encode(
+        Tokenizer.from_file(str(tmp_path / "half-bundle" / "tokenizer.json")),
+        TEXTS,
+        half.inputs,
+        half.special_tokens.pad,
+    )
+    got, want = serve(tmp_path / "half-bundle", x), serve(tmp_path / "wide-bundle", x)
+    assert np.abs(got - want).max() < 1e-6
+    assert half.graphs["encoder"].parity.min_cosine >= verify.FP32_MIN_COSINE

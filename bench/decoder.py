@@ -171,23 +171,31 @@ def sequences(bundle: Path, manifest: Manifest, docs: list[str]) -> list[list[in
     return [s.ids for s in template.sequences([(QUERY, d) for d in docs])]
 
 
-async def http_rate(url: str, bodies: list[tuple[str, dict, int]], concurrency: int) -> float:
-    """Docs/s of `bodies` (path, JSON, docs in it) sent by `concurrency` clients."""
+async def http_rate(
+    url: str, bodies: list[tuple[str, dict, int]], concurrency: int
+) -> tuple[float, int]:
+    """Docs/s of `bodies` (path, JSON, docs in it) sent by `concurrency` clients, and how many
+    times admission refused one (429: the client waits its Retry-After and sends it again, as
+    the vendors' SDKs do)."""
     import httpx
 
     queue = list(bodies)
+    refused = 0
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
 
         async def worker() -> None:
+            nonlocal refused
             while queue:
                 path, body, _ = queue.pop()
-                r = await client.post(path, json=body)
+                while (r := await client.post(path, json=body)).status_code == 429:
+                    refused += 1
+                    await asyncio.sleep(float(r.headers.get("retry-after", 1)))
                 r.raise_for_status()
 
         await client.post(bodies[0][0], json=bodies[0][1])  # warm
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return sum(n for _, _, n in bodies) / (time.perf_counter() - t0)
+        return sum(n for _, _, n in bodies) / (time.perf_counter() - t0), refused
 
 
 def requests(docs: list[str], per_request: int) -> dict[str, list[tuple[str, dict, int]]]:
@@ -199,7 +207,12 @@ def requests(docs: list[str], per_request: int) -> dict[str, list[tuple[str, dic
 
 
 def serve_section(
-    work: Path, shape: dict, docs: list[str], concurrency: int, int8: bool = True
+    work: Path,
+    shape: dict,
+    docs: list[str],
+    concurrency: int,
+    int8: bool = True,
+    request_timeout: float | None = None,
 ) -> dict:
     out: dict = {}
     bundles = {}
@@ -241,11 +254,14 @@ def serve_section(
         if precision == "int8" and not all(out[n]["int8"] for n in bundles):
             continue
         env = {"HEADWISE_PRECISION": precision, "HEADWISE_ATTENTION_ENABLED": "false"}
+        if request_timeout is not None:
+            env["HEADWISE_REQUEST_TIMEOUT_S"] = str(request_timeout)
         proc, url = launch(specs, env=env)
         try:
             for name in bundles:
-                rate = asyncio.run(http_rate(url, bodies[name], concurrency))
+                rate, refused = asyncio.run(http_rate(url, bodies[name], concurrency))
                 out[name].setdefault("http_docs_per_s", {})[precision] = round(rate, 1)
+                out[name].setdefault("http_refused_429", {})[precision] = refused
             memory = json.loads(get(f"{url}/info"))["memory"]
             out.setdefault("server_rss_bytes", {})[precision] = {
                 "warm": memory["warm_bytes"],
@@ -306,6 +322,15 @@ def serve_table(r: dict) -> list[str]:
             f"{g.get('int8', '-')} | {h.get('int8', '-')} | {nodes} | "
             f"{m['export']['seconds']} | {m['export']['peak_rss_bytes'] / GB:.2f} GB |"
         )
+    refusals = {
+        f"{name} {p}": n
+        for name in ("emb", "rr")
+        for p, n in r["serve"][name].get("http_refused_429", {}).items()
+        if n
+    }
+    if refusals:
+        lines += ["", "Refused by admission (429, then retried after Retry-After): " + ", ".join(
+            f"{k}: {n}" for k, n in refusals.items())]  # fmt: skip
     rss = r["serve"].get("server_rss_bytes", {})
     if rss:
         lines += ["", "Server (both models, /attention off): " + "; ".join(
@@ -362,6 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hub-exports", action="store_true", help="skip the Hub shapes' exports")
     p.add_argument("--no-serve", action="store_true", help="only the Hub shapes' exports")
     p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="the server's HEADWISE_REQUEST_TIMEOUT_S (at 28 layers on 2 cores, 16 reranked "
+        "documents take longer than the default 30 s deadline admits: 413)",
+    )
+    p.add_argument(
         "--no-int8",
         action="store_true",
         help="serve fp32 only (at 28 random layers int8 may miss the cosine floor, and the "
@@ -379,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu(),
         "docs": len(docs),
         "concurrency": args.concurrency,
+        "request_timeout_s": args.request_timeout,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -390,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-decoder.") as tmp:
         work = Path(tmp)
         if not args.no_serve:
-            serve = serve_section(work, shape, docs, args.concurrency, not args.no_int8)
+            timeout = args.request_timeout
+            serve = serve_section(work, shape, docs, args.concurrency, not args.no_int8, timeout)
             save(serve, "serve")
         if not (args.tiny or args.no_hub_exports):
             save(export_section(work, save))

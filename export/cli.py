@@ -14,6 +14,7 @@ from export.sources import resolve
 from export.verify import ParityError
 from models.output_weights import with_outputs
 from models.weights import WeightLoadError, load_pretrained
+from service.engine import memory
 
 log = logging.getLogger("headwise.export")
 
@@ -93,6 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    memory.map_large_blocks()  # the checks' freed activations go back to the kernel at once
     try:
         resolved = resolve(args.model, args.revision, args.name)
         template = templates.read_template(args.rerank_template) if args.rerank_template else None

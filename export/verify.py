@@ -12,6 +12,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from service.engine import memory
 from service.engine.sessions import build_session
 from service.manifest import Parity
 from service.tensors import cosines, pad_batch, pad_types
@@ -124,6 +125,7 @@ def grouped(
         width = max(int(feeds["attention_mask"][rows].sum(1).max()), 1)
         out = run({name: x[rows, :width] for name, x in feeds.items()})
         parts.update(zip(rows.tolist(), out, strict=True))
+        memory.trim()  # a group's freed activations back to the kernel, not kept by glibc
     return np.stack([parts[i] for i in range(len(parts))])
 
 

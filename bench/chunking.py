@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import re
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from bench.results_io import cpu_flags, save
+from bench.results_io import machine, save
 from bench.server import launch, stop
 
 log = logging.getLogger("chunking")
@@ -140,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     n, words, rounds = (2, 60, 1) if args.tiny else (args.documents, args.words, args.rounds)
     sizes = [int(s) for s in args.sizes.split(",")]
-    results = {"bundle": str(args.bundle), "documents": n, "clients": args.clients,
-               "cpus": os.cpu_count(), "cpu_flags": cpu_flags(),
-               "when": time.strftime("%Y-%m-%d %H:%M"),
+    results = {"bundle": str(args.bundle), "documents": n, "clients": args.clients, **machine(),
                **measure(args.bundle, documents(n, words), sizes, args.clients, rounds)}  # fmt: skip
     save(args.out, "chunking", results, report(results))
     return 0

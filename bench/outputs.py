@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.results_io import cpu_flags, save
+from bench.results_io import machine, save
 from bench.server import exported, launch, stop
 
 log = logging.getLogger("outputs")
@@ -203,9 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     layers, rounds = (2, 2) if args.tiny else (args.layers, args.rounds)
     args.root.mkdir(parents=True, exist_ok=True)
     results = {"layers": layers, "d_model": (TINY if args.tiny else WIDE)["hidden_size"],
-               "cpus": os.cpu_count(), "cpu_flags": cpu_flags(),
-               "when": time.strftime("%Y-%m-%d %H:%M"),
-               **measure(args.root, layers, rounds, args.tiny)}  # fmt: skip
+               **machine(), **measure(args.root, layers, rounds, args.tiny)}  # fmt: skip
     save(args.out, "outputs", results, report(results))
     return 0
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,23 @@ def vector_flags() -> list[str]:
     except OSError:
         return []
     flags = re.search(r"^flags\s*:\s*(.+)$", text, flags=re.M)
-    return sorted({f for f in (flags.group(1).split() if flags else []) if re.match(r"avx2$|avx512", f)})
+    return sorted(
+        {f for f in (flags.group(1).split() if flags else []) if re.match(r"avx2$|avx512", f)}
+    )
 
 
 def cpu_flags() -> str:
     """vector_flags() as one string ("none" without any)."""
     return " ".join(vector_flags()) or "none"
+
+
+def machine() -> dict[str, Any]:
+    """The fields every result records about where and when it was measured."""
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_flags": cpu_flags(),
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 def save(out: Path, name: str, results: dict[str, Any], report: str) -> None:

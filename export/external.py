@@ -100,6 +100,23 @@ def _copy_range(source: Path, offset: int, length: int, out: BinaryIO) -> None:
             length -= len(chunk)
 
 
+def aligned(out: BinaryIO) -> int:
+    """Pad `out` to the next page and return that offset: where the next tensor's bytes go (page
+    aligned, so that ONNX Runtime may map them)."""
+    out.write(b"\0" * (-out.tell() % ALIGN))
+    return out.tell()
+
+
+def point_at(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make `tensor` name its bytes in the data file `location`, at `offset`."""
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
 def _to_data_file(model: onnx.ModelProto, data: Path, base_dir: Path) -> None:
     """Every initializer of 1 KiB or more into `data`, one after another (page-aligned, so that
     ONNX Runtime may map them): from memory, or copied from the external file it is in now."""
@@ -108,8 +125,7 @@ def _to_data_file(model: onnx.ModelProto, data: Path, base_dir: Path) -> None:
             external = uses_external_data(tensor)
             if not external and _nbytes(tensor) < SMALL:
                 continue
-            out.write(b"\0" * (-out.tell() % ALIGN))
-            offset = out.tell()
+            offset = aligned(out)
             if external:
                 info = {e.key: e.value for e in tensor.external_data}
                 start = int(info.get("offset", 0))
@@ -121,13 +137,7 @@ def _to_data_file(model: onnx.ModelProto, data: Path, base_dir: Path) -> None:
                 out.write(numpy_helper.to_array(tensor).tobytes())
                 for field in TYPED_FIELDS:
                     tensor.ClearField(field)
-            tensor.ClearField("raw_data")
-            del tensor.external_data[:]
-            entries = (("location", data.name), ("offset", offset), ("length", out.tell() - offset))
-            for key, value in entries:
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, str(value)
-            tensor.data_location = onnx.TensorProto.EXTERNAL
+            point_at(tensor, data.name, offset, out.tell() - offset)
 
 
 def save(model: onnx.ModelProto, path: Path, base_dir: Path | None = None) -> list[Path]:

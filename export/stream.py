@@ -38,7 +38,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 from torch import Tensor, nn
 
-from export.external import ALIGN, CHUNK, DATA_SUFFIX, SMALL
+from export.external import CHUNK, DATA_SUFFIX, SMALL, aligned, point_at
 from models.precision import HALF
 
 log = logging.getLogger(__name__)
@@ -120,21 +120,14 @@ class _DataWriter:
         tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(dtype)
         tensor.dims.extend(shape)
         length = self.out.tell() - offset
-        for key, value in (("location", self.location), ("offset", offset), ("length", length)):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, str(value)
-        tensor.data_location = onnx.TensorProto.EXTERNAL
+        point_at(tensor, self.location, offset, length)
         self.bytes += length
         return tensor
-
-    def _start(self) -> int:
-        self.out.write(b"\0" * (-self.out.tell() % ALIGN))
-        return self.out.tell()
 
     def array(self, name: str, value: np.ndarray) -> onnx.TensorProto:
         if value.nbytes < SMALL:
             return numpy_helper.from_array(value, name)
-        offset = self._start()
+        offset = aligned(self.out)
         self.out.write(np.ascontiguousarray(value).tobytes())
         return self._external(name, value.dtype, value.shape, offset)
 
@@ -145,7 +138,7 @@ class _DataWriter:
         if tensor.dim() == 0 or tensor.numel() * 4 < SMALL:
             return self.array(name, _numpy(tensor))
         rows = max(1, CHUNK // max(1, tensor[0].numel() * 4))
-        offset = self._start()
+        offset = aligned(self.out)
         dtype: np.dtype = np.dtype(np.float32)
         for start in range(0, tensor.shape[0], rows):
             part = _numpy(tensor[start : start + rows])
@@ -196,9 +189,7 @@ def materialize(path: Path, state: Mapping[str, Tensor]) -> None:
                 return numpy_helper.to_array(constants[name])
             tensor = state[name]
             if shape_only:  # Shape reads no element: a stride-0 stand-in of the weight's shape
-                return np.broadcast_to(
-                    np.zeros((), _numpy(tensor[(0,) * tensor.dim()]).dtype), tuple(tensor.shape)
-                )
+                return np.broadcast_to(_numpy(tensor[(0,) * tensor.dim()]), tuple(tensor.shape))
             return _numpy(tensor)
 
         for node in folded:

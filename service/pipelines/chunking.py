@@ -73,7 +73,8 @@ def plan(
 ) -> list[Chunk]:
     """The chunks of one text, in order, over its content tokens (indices into `content`)."""
     idx = content(enc)
-    offsets = [enc.offsets[i] for i in idx]
+    every = enc.offsets  # a property that builds the whole list: read it once, not per token
+    offsets = [every[i] for i in idx]
     n = len(idx)
     if spans is None:
         assert size is not None
@@ -128,7 +129,8 @@ def specials(enc: Encoding) -> tuple[list[int], list[int]]:
     idx = content(enc)
     if not idx:
         return list(enc.ids), []
-    return list(enc.ids[: idx[0]]), list(enc.ids[idx[-1] + 1 :])
+    ids = enc.ids
+    return list(ids[: idx[0]]), list(ids[idx[-1] + 1 :])
 
 
 class Chunker:
@@ -251,7 +253,8 @@ class Chunker:
         prompt_ids: list[int] = []
         if prompt:
             (penc,), _ = await call.tokenize(self.pipe.backend.tokenize_whole, [prompt])
-            prompt_ids = [penc.ids[i] for i in content(penc)]
+            prompt_all = penc.ids
+            prompt_ids = [prompt_all[i] for i in content(penc)]
         width = self.manifest.max_length - 2 - len(prompt_ids)
         if width < widest:
             raise InvalidInput(
@@ -262,7 +265,8 @@ class Chunker:
         where: list[tuple[int, list[tuple[int, int]]]] = []  # per input: first sequence, windows
         for enc in encodings:
             head, tail = specials(enc)
-            ids = [enc.ids[i] for i in content(enc)]
+            every = enc.ids  # once: each read of the property copies the whole list
+            ids = [every[i] for i in content(enc)]
             spans = windows(len(ids), width, widest)
             where.append((len(sequences), spans))
             for a, b in spans:

@@ -149,7 +149,8 @@ class PairTemplate:
             # The document's first token: the first that reaches into it (byte-level BPE gives
             # it the space before the document; special tokens span no characters).
             start = self._document_start(instruction, query)
-            spans = [whole.offsets[k] for k in kept]
+            offsets = whole.offsets  # a property that copies the whole list: read once
+            spans = [offsets[k] for k in kept]
             split = next((i for i, (a, b) in enumerate(spans) if b > start and b > a), len(kept))
             parts = _parts(whole)
             if own_words:

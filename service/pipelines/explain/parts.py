@@ -43,7 +43,8 @@ def parts_of(
     words begin with the space before them).
     """
     groups: dict[object, list[int]] = {}
-    rows = zip(enc.sequence_ids, enc.special_tokens_mask, enc.word_ids, enc.offsets, strict=True)
+    offsets = enc.offsets  # a property that copies the whole list: read once
+    rows = zip(enc.sequence_ids, enc.special_tokens_mask, enc.word_ids, offsets, strict=True)
     for position, (seq, special, word, (start, _)) in enumerate(rows):
         if seq != sequence or special or start < prompt_chars:
             continue
@@ -51,7 +52,7 @@ def parts_of(
         groups.setdefault(key, []).append(position)
     parts = []
     for positions in groups.values():
-        spans = [enc.offsets[p] for p in positions]
+        spans = [offsets[p] for p in positions]
         start, stop = min(a for a, _ in spans), max(b for _, b in spans)
         while start < stop and source[start].isspace():
             start += 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from service.engine.batch_policy import BatchPolicy
+from service.engine.cost import CostModel
 from service.engine.memory import peak_rss_bytes
 
 # Geometric buckets: 100 µs ... ~60 s, ×2 per step.
@@ -11,6 +13,11 @@ DURATION_BUCKETS = tuple(round(0.0001 * 2**i, 6) for i in range(20))
 SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 TOKEN_BUCKETS = tuple(2**i for i in range(4, 17))
 RATIO_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
+# A batch's actual time over its predicted time: 1 is a perfect prediction.
+PREDICTION_BUCKETS = (0.5, 0.67, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0)
+# The capacity gauge's reference batch: a full batch of texts this long.
+CAPACITY_LENGTH = 128
+COST_TERMS = ("batch", "token", "token_length")
 
 
 class Metrics:
@@ -134,8 +141,23 @@ class Metrics:
         )
         self.capacity = Gauge(
             "headwise_capacity_tokens_per_second",
-            "Padded tokens a second the batcher measured (admission sizes requests by it)",
+            f"Padded tokens a second of a full batch of {CAPACITY_LENGTH}-token texts, as the "
+            "batcher's measured cost predicts it",
             ["path", "model"],
+            registry=r,
+        )
+        self.capacity_cost = Gauge(
+            "headwise_capacity_cost_seconds",
+            "The batcher's fitted cost of a batch of r texts of n tokens, a + b r n + c r n²: "
+            "term batch = a, token = b, token_length = c (seconds)",
+            ["path", "model", "term"],
+            registry=r,
+        )
+        self.prediction = Histogram(
+            "headwise_batch_time_over_predicted",
+            "A batch's time over the time admission predicted for it (1: exact)",
+            ["path", "model"],
+            buckets=PREDICTION_BUCKETS,
             registry=r,
         )
 
@@ -159,6 +181,8 @@ class BatchMetrics:
         self._depth = m.queue_depth.labels(*labels)
         self._depth.set(0)
         self._capacity = m.capacity.labels(*labels)
+        self._cost = [m.capacity_cost.labels(*labels, term) for term in COST_TERMS]
+        self._prediction = m.prediction.labels(*labels)
         self._rejected = m.rejected
         self._labels = labels
         self._real = 0
@@ -178,8 +202,20 @@ class BatchMetrics:
     def queue_depth(self, texts: int) -> None:
         self._depth.set(texts)
 
-    def capacity(self, tokens_per_s: float) -> None:
-        self._capacity.set(tokens_per_s)
+    def capacity(self, cost: CostModel, policy: BatchPolicy) -> None:
+        f = cost.current
+        if f is None:
+            return
+        for gauge, value in zip(self._cost, (f.batch_s, f.token_s, f.pair_s), strict=True):
+            gauge.set(value)
+        n = CAPACITY_LENGTH
+        rows = max(1, min(policy.max_batch_size, policy.max_batch_tokens // n))
+        seconds = f.seconds(rows, n)
+        if seconds > 0:
+            self._capacity.set(rows * n / seconds)
+
+    def predicted(self, predicted_s: float, actual_s: float) -> None:
+        self._prediction.observe(actual_s / predicted_s)
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(*self._labels, reason).inc()

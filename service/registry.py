@@ -22,6 +22,7 @@ from service.bundle import MANIFEST, BundleError, read_manifest
 from service.engine.admission import Admission
 from service.engine.batch_policy import BatchPolicy
 from service.engine.batcher import DynamicBatcher, Infer
+from service.engine.cost import CostModel
 from service.engine.memory import (
     LARGE_REQUESTS,
     ModelCost,
@@ -111,34 +112,9 @@ class ModelSpec:
 Loader = Callable[[ModelSpec, Settings], Backend]
 
 
-# all-MiniLM-L6-v2's multiply-adds per token (6 layers, d 384, FFN 1536): what
-# HEADWISE_CAPACITY_TOKENS_PER_S is assumed for until a model's batches are measured.
-REFERENCE_MACS_PER_TOKEN = 6 * (4 * 384 * 384 + 2 * 384 * 1536)
-
-
-def macs_per_token(m: Manifest) -> int:
-    """A token's multiply-adds through the layers' projections and FFN (attention's own N² term
-    and a gated FFN's third matrix left out: a lower bound, as the capacity it sizes)."""
-    heads = m.num_heads * (m.head_dim or m.d_model // m.num_heads)
-    return m.num_layers * (4 * m.d_model * heads + 2 * m.d_model * m.d_ff)
-
-
-def assumed_capacity(s: Settings, manifest: Manifest) -> float:
-    """The padded tokens/s admission assumes for a model until it has measured its batches:
-    the setting, scaled down by the model's compute per token past the reference model's (a
-    0.6B decoder computes ~40x more per token: admitting at MiniLM's rate would accept work
-    it cannot finish in time)."""
-    return s.capacity_tokens_per_s * min(1.0, REFERENCE_MACS_PER_TOKEN / macs_per_token(manifest))
-
-
-def batch_policy(
-    s: Settings, inline: bool = False, d_model: int = 0, assumed_tokens_per_s: float | None = None
-) -> BatchPolicy:
-    """inline: the backend's runs may run on the event loop (Backend.inline);
-    d_model: the model's width, which sets where attention's n² cost overtakes the rest (0:
-    linear); assumed_tokens_per_s: the model's (assumed_capacity), else the setting."""
+def batch_policy(s: Settings, inline: bool = False) -> BatchPolicy:
+    """inline: the backend's runs may run on the event loop (Backend.inline)."""
     return BatchPolicy(
-        quadratic_at=6 * d_model,
         max_batch_tokens=s.max_batch_tokens,
         max_batch_s=s.max_batch_s,
         max_batch_size=s.max_batch_size,
@@ -146,9 +122,24 @@ def batch_policy(
         max_padding_ratio=s.max_padding_ratio,
         max_queue=s.max_queue_texts,
         padding_slack=s.padding_slack_tokens,
-        assumed_tokens_per_s=assumed_tokens_per_s or s.capacity_tokens_per_s,
         inline_max_tokens=s.inline_max_tokens if inline else 0,
     )
+
+
+def session_cost(s: Settings, backend: Backend) -> CostModel:
+    """A serving session's cost: measured, or the operator's stated rate (a token of an n-long
+    sequence counting 1 + n / (6 d_model): where attention's n x d products equal the 24 d² of
+    the projections and FFN)."""
+    d_model = backend.manifest.d_model
+    return CostModel(s.capacity_tokens_per_s, 6 * d_model, learns=backend.measurable)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A batcher whose session warm-up times, up to the longest input it runs."""
+
+    batcher: DynamicBatcher
+    longest: int
 
 
 @dataclass
@@ -163,6 +154,7 @@ class Model:
     explain: ExplainPipeline | None = None
     batchers: list[DynamicBatcher] = field(default_factory=list)
     outputs: OutputsPipeline | None = None  # sparse and token vectors (and dense) at once
+    calibrations: list[Calibration] = field(default_factory=list)  # one per session
 
     @property
     def task(self) -> str:
@@ -203,21 +195,17 @@ def build_model(
 ) -> Model:
     """admission: shared by the models on one device (default: this model's own)."""
     manifest = backend.manifest
-    admission = admission or Admission(
-        settings.request_timeout_s, settings.max_padding_ratio, settings.admission_headroom
-    )
+    admission = admission or Admission(settings.request_timeout_s, settings.admission_headroom)
     model = Model(name, backend, manifest.created or int(time.time()), admission)
+    # One cost per session: the batchers that run the main session share one, the long lane's
+    # its own (one thread, lowest priority).
+    main, long_lane = session_cost(settings, backend), session_cost(settings, backend)
 
     def batcher(
         infer: Infer, path: str, lane: bool = False, pad: int | None = None
     ) -> DynamicBatcher:
         """pad: the id batches are padded with (default the tokenizer's)."""
-        policy = batch_policy(
-            settings,
-            backend.inline and not lane,
-            manifest.d_model,
-            assumed_capacity(settings, manifest),
-        )
+        policy = batch_policy(settings, backend.inline and not lane)
         vocabulary = vocabulary_batch_tokens(manifest, settings)  # SPLADE's logits are wide
         policy.max_batch_tokens = min(policy.max_batch_tokens, vocabulary)
         if lane:  # one long sequence at a time: it is seconds of work
@@ -229,6 +217,8 @@ def build_model(
             f"{path}-{name}",
             manifest.special_tokens.pad if pad is None else pad,
             nice=19 if lane else 0,
+            cost=long_lane if lane else main,
+            device=admission.device,
         )
         model.batchers.append(b)
         admission.batchers.append(b)
@@ -273,18 +263,30 @@ def build_model(
         pairs = intake(backend.run, manifest.task, backend.run_long)
         model.score = ScorePipeline(backend, pairs, settings)
     if settings.attention_enabled and "attention" in manifest.graphs:
-        # Its own admission: its batcher is paced and bounded by its own budget, apart.
-        own = Admission(settings.request_timeout_s, 1.0)
+        # Its own admission: its batcher is paced and bounded by its own budget, apart (but
+        # on the same cores: a batch beside it is not measured as its own).
+        own = Admission(settings.request_timeout_s, 1.0, admission.device)
         # A causal LM reranker's pairs are shown as its template builds them.
-        model.attention = AttentionPipeline(name, templated(backend), settings, metrics, own)
+        model.attention = AttentionPipeline(
+            name, templated(backend), settings, metrics, own, session_cost(settings, backend)
+        )
         model.batchers.append(model.attention.batcher)
-    if model.score is None and "dense" not in manifest.outputs:
-        return model  # explanations compare dense vectors (or scores)
     serving = model.embed or model.score
     assert serving is not None
+    # Warm-up times each session through its primary batcher: the main lane up to the longest
+    # input it takes, the long lane up to the model's maximum, the attention graph up to its.
+    lanes = serving.intake
+    longest = backend.long_tokens or manifest.max_length
+    model.calibrations.append(Calibration(lanes.batcher, longest))
+    if lanes.long is not None:
+        model.calibrations.append(Calibration(lanes.long, manifest.max_length))
+    if model.attention is not None:
+        shown = min(settings.attention_max_tokens, manifest.max_length)
+        model.calibrations.append(Calibration(model.attention.batcher, shown))
+    if model.score is None and "dense" not in manifest.outputs:
+        return model  # explanations compare dense vectors (or scores)
     # Explanations run on the serving batchers (and lanes), with their traffic; their pacer
     # yields to the work others queue on any serving batcher of the device (the admission's).
-    lanes = serving.intake
     model.explain = ExplainPipeline(
         name,
         templated(backend, own_words=True),  # a causal LM reranker's words, not its template's
@@ -448,9 +450,7 @@ class Registry:
         backends = load_backends(specs, loader, settings)
         names = unique_names(specs, [b.manifest.name for b in backends])
         # One admission for all serving batchers: the models share the cores (or the GPU).
-        shared = Admission(
-            settings.request_timeout_s, settings.max_padding_ratio, settings.admission_headroom
-        )
+        shared = Admission(settings.request_timeout_s, settings.admission_headroom)
         models = [
             build_model(n, b, settings, metrics, shared)
             for n, b in zip(names, backends, strict=True)
@@ -584,6 +584,7 @@ class Registry:
             if enabled:
                 for model in self:
                     await loop.run_in_executor(None, model.backend.warmup)
+                    await self.calibrate(model)
             self.warm_rss = rss_bytes()
             self.metrics.memory_bound.set(self.memory()["bound_bytes"])
             self.ready = True
@@ -594,6 +595,27 @@ class Registry:
             log.exception("warmup failed")
         finally:
             self._ready_event.set()
+
+    async def calibrate(self, model: Model) -> None:
+        """Each of the model's sessions timed at a few shapes, its cost fitted (unless the
+        operator states a rate, or the backend's runs are not the machine's: a test's fake)."""
+        s = self.settings
+        if not model.backend.measurable or s.capacity_tokens_per_s is not None:
+            return
+        if s.calibration_s <= 0:
+            return
+        token = model.backend.manifest.vocab_size // 2  # any word: the cost is not the ids'
+        for c in model.calibrations:
+            await c.batcher.calibrate(c.longest, token, s.calibration_s)
+            cost = c.batcher.cost
+            f = cost.current
+            assert f is not None
+            log.info(
+                "%s: calibrated in %.1f s up to %d tokens (longest measured %d): a batch costs "
+                "%.2f ms + %.3f µs a token + %.3g µs a token per token of its length",
+                c.batcher.name, cost.calibration_s, c.longest, cost.longest_measured,
+                f.batch_s * 1e3, f.token_s * 1e6, f.pair_s * 1e6,
+            )  # fmt: skip
 
     def begin_drain(self, grace_s: float) -> None:
         """Shutdown has begun: new requests are refused (503, `require_ready`), and every

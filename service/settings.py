@@ -86,12 +86,19 @@ class Settings(BaseSettings):
     )
     max_queue_texts: int = Field(4096, ge=1, description="texts waiting; more is answered 429")
     request_timeout_s: float = Field(30.0, gt=0, description="a request's deadline; then 503")
-    capacity_tokens_per_s: float = Field(
-        2000.0,
+    capacity_tokens_per_s: float | None = Field(
+        None,
         gt=0,
-        description="padded tokens/s assumed until batches are measured; sizes admission (413/429); "
-        "for a model the size of all-MiniLM-L6-v2, a larger one's scaled down by its compute per "
-        "token",
+        description="unset: admission prices each batch by its cost measured on this machine "
+        "(warm-up times every serving session, served batches refine it; GET /info: capacity); "
+        "set: a stated rate of padded tokens a second instead, for every model and session",
+    )
+    calibration_s: float = Field(
+        8.0,
+        ge=0,
+        description="seconds warm-up may spend timing each serving session (a model's main "
+        "lane, its long lane, its attention graph) before ready; lengths that would take longer "
+        "are predicted from the shorter ones",
     )
 
     admission_headroom: float = Field(

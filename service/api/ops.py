@@ -170,11 +170,9 @@ async def info(ctx: Context, body: None = None) -> Response:
         "attention_enabled": s.attention_enabled,
         "limits": limits(s),
         "memory": {"config": s.memory, **registry.memory()},
-        "capacity_tokens_per_s": {
-            m.name: round(m.embed.batcher.throughput.tokens_per_s, 1)
-            for m in registry
-            if m.embed is not None
-        },
+        # Each batcher's cost per batch (the batchers of one session share it): what
+        # admission prices requests by, and how it was obtained (service/engine/cost.py).
+        "capacity": {m.name: {b.name: b.cost.describe() for b in m.batchers} for m in registry},
         "version": __version__,
     }
     return ctx.respond(payload)

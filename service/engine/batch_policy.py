@@ -1,10 +1,11 @@
-"""What a batch is made of: the queued items, the policy's bounds, and the choice of the next
-batch (the oldest text plus its nearest-length neighbours). Pure functions, no event loop."""
+"""What a batch is made of: the queued items, the policy's bounds, the choice of the next
+batch (the oldest text plus its nearest-length neighbours), and the batches a set of lengths
+makes (what admission prices). Pure functions, no event loop."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +33,8 @@ class Item:
 @dataclass
 class BatchPolicy:
     max_batch_tokens: int = 16384
-    # A batch holds at most this many seconds of work at the measured throughput (0: no bound),
-    # so that the batch running never holds an answer long past its deadline.
+    # A batch holds at most this many seconds of work at its measured cost (0: no bound), so
+    # that the batch running never holds an answer long past its deadline.
     max_batch_s: float = 0.0
     max_batch_size: int = 64
     max_wait_s: float = 0.002
@@ -41,30 +42,43 @@ class BatchPolicy:
     padding_slack: int = 8  # a few padding tokens are cheaper than a separate run
     max_queue: int = 4096
     window: int = 8  # look at this many batches' worth of the oldest texts when grouping
-    assumed_tokens_per_s: float = 2000.0  # until batches are measured (admission)
     inline_max_tokens: int = 0  # padded tokens of a batch that may run on the loop when idle
-    # Attention costs n² where everything else costs n: a token of an n-long sequence costs
-    # (1 + n / quadratic_at) tokens of work, quadratic_at = 6 d_model (where the n x d score and
-    # weighted-sum products equal the 24 d² of the projections and FFN). 0: linear.
-    quadratic_at: int = 0
 
-    def work(self, rows: int, n: int) -> float:
-        """The work of `rows` sequences of (padded) length n, in tokens of a short text."""
-        scale = 1.0 + n / self.quadratic_at if self.quadratic_at else 1.0
-        return rows * n * scale
+
+Within = Callable[[int, int], bool]  # may a batch of (count, longest) run? (its time bound)
+
+
+def packed(
+    lengths: Sequence[int], policy: BatchPolicy, within: Within | None = None
+) -> Iterator[tuple[int, int]]:
+    """The batches (rows, padded length) these sequences make when they are batched alone:
+    longest first, each as full as the token budget, the size and `within` allow."""
+    ordered = sorted(lengths, reverse=True)
+    i = 0
+    while i < len(ordered):
+        longest = max(1, ordered[i])
+        rows = 1
+        while (
+            i + rows < len(ordered)
+            and rows < policy.max_batch_size
+            and longest * (rows + 1) <= policy.max_batch_tokens
+            and (within is None or within(rows + 1, longest))
+        ):
+            rows += 1
+        yield rows, longest
+        i += rows
 
 
 def select_batch(
-    queue: Sequence[Item], policy: BatchPolicy, max_work: float | None = None
+    queue: Sequence[Item], policy: BatchPolicy, within: Within | None = None
 ) -> list[Item]:
-    """The oldest item plus its nearest-length neighbours, within the token budget, at most
-    `max_work` of work (policy.work) and the padding bounds. The oldest item always goes,
-    whatever its size."""
+    """The oldest item plus its nearest-length neighbours, within the token budget, the time
+    bound (`within`) and the padding bounds. The oldest item always goes, whatever its size."""
 
     def fits(count: int, longest: int) -> bool:
         if longest * count > policy.max_batch_tokens:
             return False
-        return max_work is None or policy.work(count, longest) <= max_work
+        return within is None or within(count, longest)
 
     window = list(queue[: policy.max_batch_size * policy.window])
     anchor = window[0]

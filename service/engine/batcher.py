@@ -13,6 +13,10 @@ nothing else to do, and saves the two thread hops (~0.3 ms of one short text's ~
 request in it, and the worker carries on. Texts whose caller went away or whose deadline
 passed are dropped before they cost compute. The queue is bounded: a submit that does not fit
 is refused at once (429), so nothing waits forever.
+
+Every batch's time is predicted before it runs (its session's CostModel: calibrated at warm-up,
+refined by the batches it ran alone on the device) and compared with what it took; admission
+prices requests with the same predictions (`predict`, `backlog_s`).
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from service.engine.admission import Throughput
-from service.engine.batch_policy import BatchPolicy, Item, select_batch
+from service.engine.batch_policy import BatchPolicy, Item, packed, select_batch
+from service.engine.calibrate import measure, shapes
+from service.engine.cost import CostModel, Device
 from service.errors import InferenceFailed, Overloaded, Unavailable
 from service.tensors import Batch
 
@@ -43,7 +48,8 @@ class BatchObserver(Protocol):
     def batch(self, size: int, padded: int, real: int, seconds: float) -> None: ...
     def queue_depth(self, texts: int) -> None: ...
     def rejected(self, reason: str) -> None: ...
-    def capacity(self, tokens_per_s: float) -> None: ...
+    def capacity(self, cost: CostModel, policy: BatchPolicy) -> None: ...
+    def predicted(self, predicted_s: float, actual_s: float) -> None: ...
 
 
 def _lower_priority(nice: int) -> None:
@@ -63,8 +69,12 @@ class DynamicBatcher:
         name: str = "encoder",
         pad_id: int = 0,
         nice: int = 0,
+        cost: CostModel | None = None,
+        device: Device | None = None,
     ) -> None:
-        """nice: the CPU priority of its inference thread (19: the lowest; the long lane)."""
+        """nice: the CPU priority of its inference thread (19: the lowest; the long lane).
+        cost: its session's cost (shared by the batchers that run the same session); device:
+        the batchers that share its cores, to tell which batches ran alone."""
         self._infer = infer
         self.policy = policy
         self._observer = observer
@@ -83,9 +93,11 @@ class DynamicBatcher:
         self.arriving = 0  # requests being tokenised: a batch may wait for them
         self.batches = 0
         self.submitted = 0  # texts ever queued
-        self.throughput = Throughput(policy.assumed_tokens_per_s)
-        self._running_work = 0.0  # work of the batch being computed (policy.work)
+        self.cost = cost if cost is not None else CostModel()
+        self.device = device if device is not None else Device()
+        self._running_s = 0.0  # predicted time of the batch being computed
         self._running_since = 0.0
+        self._running = False
 
     @property
     def depth(self) -> int:
@@ -94,34 +106,48 @@ class DynamicBatcher:
     @property
     def busy(self) -> bool:
         """Texts are queued, or a batch is being computed."""
-        return bool(self._queue) or self._running_work > 0
+        return bool(self._queue) or self._running
 
     @property
     def queued_tokens(self) -> int:
         return sum(it.length for it in self._queue)
 
-    def queued_work(self) -> float:
-        return sum(self.policy.work(1, it.length) for it in self._queue)
+    def batch_s(self, rows: int, n: int) -> float:
+        """A batch's predicted time."""
+        return self.cost.seconds(rows, n)
 
-    def cost(self, lengths: Sequence[int], padding_ratio: float = 0.0) -> float:
-        """The work these texts will cost (policy.work), in batches padded up to the ratio."""
-        return sum(self.policy.work(1, n) for n in lengths) / (1 - min(padding_ratio, 0.5))
+    def predict(self, lengths: Sequence[int]) -> float:
+        """Seconds these sequences take batched alone (as this batcher's policy packs them)."""
+        return sum(self.batch_s(r, n) for r, n in packed(lengths, self.policy, self._within()))
 
     def backlog_s(self) -> float:
         """Seconds of work ahead of a new text: the queue, and what is left of the running batch
-        (at the measured throughput)."""
-        rate = self.throughput.tokens_per_s
-        queued = self.queued_work() / rate
-        if not self._running_work:
+        (both as predicted)."""
+        queued = self.predict([it.length for it in self._queue]) if self._queue else 0.0
+        if not self._running:
             return queued
-        running = self._running_work / rate - (time.monotonic() - self._running_since)
+        running = self._running_s - (time.monotonic() - self._running_since)
         return queued + max(0.0, running)
 
-    def max_work(self) -> float | None:
-        """The work a batch may hold: max_batch_s of it at the measured throughput."""
-        if self.policy.max_batch_s <= 0:
+    def _within(self) -> Callable[[int, int], bool] | None:
+        """A batch holds at most max_batch_s of work at its predicted cost."""
+        limit = self.policy.max_batch_s
+        if limit <= 0 or not self.cost.measured:
             return None
-        return self.throughput.tokens_per_s * self.policy.max_batch_s
+        return lambda rows, n: self.batch_s(rows, n) <= limit
+
+    async def calibrate(self, longest: int, token_id: int, budget_s: float) -> None:
+        """Time this batcher's runs at a few shapes up to `longest` tokens, on its own thread
+        (the long lane's at its priority), and fit its cost (before any request is queued)."""
+        plan = shapes(longest, self.policy.max_batch_size)
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        samples = await loop.run_in_executor(
+            self._executor, measure, self._infer, plan, token_id, budget_s
+        )
+        self.cost.calibrate(samples, time.monotonic() - started)
+        if self._observer:
+            self._observer.capacity(self.cost, self.policy)
 
     def rejected(self, reason: str) -> None:
         if self._observer:
@@ -190,9 +216,9 @@ class DynamicBatcher:
         if not q or len(q) >= self.policy.max_batch_size:
             return True
         longest = max(it.length for it in q)
-        limit = self.max_work()
-        full_work = limit is not None and self.policy.work(len(q), longest) >= limit
-        return longest * len(q) >= self.policy.max_batch_tokens or full_work
+        within = self._within()
+        full_time = within is not None and not within(len(q), longest)
+        return longest * len(q) >= self.policy.max_batch_tokens or full_time
 
     async def _fill(self) -> None:
         """Wait for a fuller batch, but only while texts are on their way and max_wait allows."""
@@ -241,7 +267,7 @@ class DynamicBatcher:
                 self._prune()
                 if not self._queue:
                     continue
-                batch = select_batch(self._queue, self.policy, self.max_work())
+                batch = select_batch(self._queue, self.policy, self._within())
                 chosen = set(map(id, batch))
                 self._queue = [it for it in self._queue if id(it) not in chosen]
                 self._report_depth()
@@ -274,15 +300,17 @@ class DynamicBatcher:
             for it in batch:
                 it.started = started
             rows, n = padded.input_ids.shape
-            work = self.policy.work(rows, n)
-            self._running_work, self._running_since = work, started
+            predicted = self.batch_s(rows, n)
+            self._running_s, self._running_since, self._running = predicted, started, True
+            ticket = self.device.enter()
             try:
                 if self._inline(padded):
                     out = self._infer(padded)
                 else:  # under load the loop keeps answering (health, refusals) while this runs
                     out = await loop.run_in_executor(self._executor, self._infer, padded)
             finally:
-                self._running_work = 0.0
+                self._running = False
+                alone = self.device.leave(ticket)
             seconds = time.monotonic() - started
             if len(out) != len(batch):
                 raise RuntimeError(f"backend returned {len(out)} rows for {len(batch)} texts")
@@ -293,11 +321,15 @@ class DynamicBatcher:
                     it.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
             return
         self.batches += 1
-        self.throughput.observe(work, seconds)
+        # Beside another batch its time is not its own: only a batch that ran alone refines.
+        refitted = alone and self.cost.observe(rows, n, seconds)
         if self._observer:
             real = sum(it.length for it in batch)
             self._observer.batch(len(batch), padded.input_ids.size, real, seconds)
-            self._observer.capacity(self.throughput.tokens_per_s)
+            if predicted > 0:
+                self._observer.predicted(predicted, seconds)
+            if refitted:
+                self._observer.capacity(self.cost, self.policy)
         for it, row in zip(batch, out, strict=True):
             it.inference_s = seconds
             if not it.future.done():

@@ -54,6 +54,9 @@ class Backend(Protocol):
     # Its runs are bounded CPU work, so a small one may run on the event loop when the server
     # is otherwise idle (the batcher's inline runs). False on a GPU: a run waits on the device.
     inline: bool
+    # Its runs take the time the machine takes for them, so warm-up can time them (a test's
+    # fake backend, gated by the test, cannot be).
+    measurable: bool
 
     def tokenize(
         self, texts: list[str], add_special_tokens: bool = True, direction: Side = "right"
@@ -140,6 +143,7 @@ class OnnxBackend:
                 )
         self.info = RuntimeInfo(used, graph, self.manifest.graphs[graph].precision)
         self.inline = self.info.device == "cpu"
+        self.measurable = True
         # The long lane: one thread, no spinning, run at the lowest CPU priority by its batcher,
         # so that one long input cannot hold short ones back for seconds (a second copy of the
         # graph's weights; only for models whose inputs can be long). On a GPU runs are queued

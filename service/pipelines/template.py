@@ -222,6 +222,7 @@ class TemplatedBackend:
         self.info = backend.info
         self.token_output = backend.token_output
         self.inline = backend.inline
+        self.measurable = backend.measurable
         self.long_tokens = backend.long_tokens
 
     def tokenize(

@@ -33,15 +33,20 @@ def _modules(folder: Path, entries: list[tuple[str, str]]) -> None:
     (folder / "modules.json").write_text(json.dumps(modules))
 
 
-def m3_checkpoint(folder: Path, tokenizer: Path, colbert_dim: int = COLBERT_DIM) -> Path:
-    save_checkpoint(folder, "xlm-roberta", tokenizer)
+def m3_checkpoint(
+    folder: Path, tokenizer: Path, colbert_dim: int = COLBERT_DIM, **extra: int
+) -> Path:
+    """extra: XLM-R config values over the tiny family's (a wider hidden_size widens the
+    sparse and ColBERT heads with it)."""
+    save_checkpoint(folder, "xlm-roberta", tokenizer, **extra)
+    width = extra.get("hidden_size", 32)
     torch.manual_seed(1)
-    torch.save(torch.nn.Linear(32, 1).state_dict(), folder / "sparse_linear.pt")
-    torch.save(torch.nn.Linear(32, colbert_dim).state_dict(), folder / "colbert_linear.pt")
+    torch.save(torch.nn.Linear(width, 1).state_dict(), folder / "sparse_linear.pt")
+    torch.save(torch.nn.Linear(width, colbert_dim).state_dict(), folder / "colbert_linear.pt")
     write_st_modules(folder)
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling" / "config.json").write_text(
-        json.dumps({"word_embedding_dimension": 32, "pooling_mode_cls_token": True})
+        json.dumps({"word_embedding_dimension": width, "pooling_mode_cls_token": True})
     )
     return folder
 

@@ -66,12 +66,13 @@ TEXTS = [
 def save_checkpoint(
     folder: Path, family: str, tokenizer: Path, head: str = "Model", **extra
 ) -> Path:
-    """A random-weight transformers checkpoint (save_pretrained) plus its tokenizer.json."""
+    """A random-weight transformers checkpoint (save_pretrained) plus its tokenizer.json;
+    extra: config values over the family's (sizes too)."""
     import transformers
 
     config_cls, _, values = FAMILIES[family]
     vocab = Tokenizer.from_file(str(tokenizer)).get_vocab_size()
-    config = getattr(transformers, config_cls)(vocab_size=vocab, **values, **extra)
+    config = getattr(transformers, config_cls)(vocab_size=vocab, **(values | extra))
     model_cls = getattr(transformers, config_cls.replace("Config", head))
     torch.manual_seed(0)
     model_cls(config).eval().save_pretrained(folder, safe_serialization=True)

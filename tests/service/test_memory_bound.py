@@ -101,19 +101,3 @@ def test_loaded_models_without_manifests_on_disk_are_checked_as_loaded():
             Settings(memory_limit_bytes=8 * GiB, attention_enabled=False),
             Metrics(),
         )
-
-
-def test_admission_assumes_less_capacity_for_a_model_that_computes_more_per_token():
-    from service.registry import assumed_capacity
-
-    settings = Settings(capacity_tokens_per_s=2000)
-    small = fake_manifest("small", d=8)
-    qwen = fake_manifest(
-        "qwen3-0.6b", d=1024, layers=28, heads=16, head_dim=128, d_model=1024, d_ff=3072
-    )
-    assert assumed_capacity(settings, small) == 2000  # smaller than the reference: as set
-    assert 40 < assumed_capacity(settings, qwen) < 60  # ~40x MiniLM's work per token
-    one = FakeBackend(qwen.model_copy(update={"task": "rerank"}))
-    with client_for(["a"], loader=fake_loader(one), attention_enabled=False) as c:
-        model = c.app.state.registry.models["qwen3-0.6b"]
-        assert model.score.batcher.throughput.tokens_per_s == assumed_capacity(settings, qwen)

@@ -18,6 +18,7 @@ from tokenizers import Encoding
 from service.engine.admission import Admission
 from service.engine.batch_policy import BatchPolicy
 from service.engine.batcher import DynamicBatcher
+from service.engine.cost import CostModel
 from service.engine.runtime import Backend
 from service.errors import InvalidInput, PayloadTooLarge
 from service.metrics import Metrics
@@ -74,7 +75,9 @@ class AttentionPipeline:
         settings: Settings,
         metrics: Metrics,
         admission: Admission,
+        cost: CostModel | None = None,
     ) -> None:
+        """cost: its graph's (timed at warm-up); admission: its own, on the serving device."""
         self.name = name
         self.backend = backend
         self.settings = settings
@@ -97,6 +100,8 @@ class AttentionPipeline:
             metrics.observer("attention", name),
             f"attention-{name}",
             self.manifest.special_tokens.pad,
+            cost=cost,
+            device=admission.device,
         )
         admission.batchers.append(self.batcher)
         self.intake = Intake(self.batcher, admission, metrics, "attention", name)

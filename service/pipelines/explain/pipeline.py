@@ -157,7 +157,7 @@ class ExplainPipeline:
         return out
 
     def _bound(self, subjects: list[Subject]) -> None:
-        """HEADWISE_EXPLAIN_MAX_WORK, and the deadline at the measured throughput: 413."""
+        """HEADWISE_EXPLAIN_MAX_WORK, and the deadline at the measured cost: 413."""
         work = sum(len(s.ids) * (1 + len(s.parts)) for s in subjects)
         limit = self.settings.explain_max_work
         shape = " + ".join(f"{len(s.ids)} tokens x {1 + len(s.parts)} passes" for s in subjects)
@@ -168,32 +168,41 @@ class ExplainPipeline:
                 "word (one pass per word)",
                 param="granularity",
             )
-        batcher = self.intake.batcher
-        rate = batcher.throughput
-        lengths = [len(s.ids) for s in subjects for _ in range(1 + len(s.parts))]
-        seconds = batcher.cost(lengths) / rate.tokens_per_s
-        timeout = self.settings.request_timeout_s
-        if seconds > timeout:
-            source = "measured" if rate.measured else "assumes (HEADWISE_CAPACITY_TOKENS_PER_S)"
+        seconds = sum(self._seconds(len(s.ids), 1 + len(s.parts)) for s in subjects)
+        budget = self.settings.request_timeout_s * self.settings.admission_headroom
+        if seconds > budget:
+            source = self.intake.batcher.cost.source
             raise PayloadTooLarge(
-                f"this explanation computes {work} tokens x passes: about {seconds:.0f} s at "
-                f"the {rate.tokens_per_s:.0f} tokens/s this server {source}, past the request "
-                f"deadline of {timeout:g} s (HEADWISE_REQUEST_TIMEOUT_S): send a shorter "
-                "text, or granularity: word",
+                f"this explanation computes {work} tokens x passes: about {seconds:.1f} s on "
+                f"this server (its cost per batch {source}), past "
+                f"{100 * self.settings.admission_headroom:.0f} % of the request deadline of "
+                f"{self.settings.request_timeout_s:g} s (HEADWISE_REQUEST_TIMEOUT_S, "
+                "HEADWISE_ADMISSION_HEADROOM): send a shorter text, or granularity: word",
                 param="granularity",
             )
+
+    def _per_piece(self, n: int) -> int:
+        """Variants of an n-token text queued at once (one batch, no padding)."""
+        policy = self.intake.batcher.policy
+        return max(1, min(policy.max_batch_size, self.settings.explain_batch_tokens // n))
+
+    def _seconds(self, n: int, passes: int) -> float:
+        """The predicted time of an n-token text's passes, in the pieces they are queued in."""
+        per = self._per_piece(n)
+        full, rest = divmod(passes, per)
+        batcher = self.intake.batcher
+        return full * batcher.batch_s(per, n) + (batcher.batch_s(rest, n) if rest else 0.0)
 
     def _variants(self, subjects: list[Subject]) -> Prepared:
         """Every subject whole, then with each part left out; queued a batch at a time."""
         sequences, types, masks, pieces = [], [], [], []
-        policy = self.intake.batcher.policy
         for s in subjects:
             n = len(s.ids)
             own = occluded(n, s.parts)
             sequences += [s.ids] * len(own)
             types += [s.types or []] * len(own)
             masks += own
-            per = max(1, min(policy.max_batch_size, self.settings.explain_batch_tokens // n))
+            per = self._per_piece(n)
             pieces += [min(per, len(own) - k) for k in range(0, len(own), per)]
         return Prepared(sequences, types if self.types else None, masks=masks, pieces=pieces)
 

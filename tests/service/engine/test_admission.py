@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from service.engine.admission import Admission, Throughput
+from service.engine.admission import Admission
+from service.engine.cost import CostModel
 from service.errors import Overloaded, PayloadTooLarge
 from tests.service.conftest import client_for
 from tests.service.engine.test_batcher import Recorder, held, run, seqs, soon, started
@@ -15,33 +16,25 @@ from tests.service.fakes import FakeBackend, fake_loader, fake_manifest
 
 
 class Stub:
-    """A batcher as admission sees it: a throughput and seconds of work ahead."""
+    """A batcher as admission sees it: a cost per token and seconds of work ahead."""
 
     def __init__(self, tokens_per_s: float, backlog_s: float = 0.0) -> None:
-        self.throughput = Throughput(tokens_per_s)
+        self.cost = CostModel(fixed_tokens_per_s=tokens_per_s)
         self.backlog = backlog_s
         self.reasons: list[str] = []
 
     def backlog_s(self) -> float:
         return self.backlog
 
-    def cost(self, lengths, padding_ratio: float = 0.0) -> float:
-        return sum(lengths) / (1 - min(padding_ratio, 0.5))
+    def predict(self, lengths) -> float:
+        return sum(self.cost.seconds(1, n) for n in lengths)
 
     def rejected(self, reason: str) -> None:
         self.reasons.append(reason)
 
 
-def test_throughput_is_assumed_until_measured_then_token_weighted():
-    rate = Throughput(assumed=1000)
-    assert rate.tokens_per_s == 1000 and not rate.measured
-    rate.observe(100, 1.0)
-    rate.observe(900, 1.0)
-    assert rate.measured and rate.tokens_per_s == pytest.approx((100 * 0.9 + 900) / 1.9)
-
-
 def test_work_longer_than_the_deadline_is_413_naming_what_fits():
-    admission = Admission(timeout_s=30.0, padding_ratio=0.1)
+    admission = Admission(timeout_s=30.0)
     b = Stub(5000)
     admission.batchers.append(b)
     with pytest.raises(PayloadTooLarge) as err:
@@ -54,7 +47,7 @@ def test_work_longer_than_the_deadline_is_413_naming_what_fits():
 
 
 def test_work_that_fits_alone_but_not_behind_the_work_ahead_is_429_with_retry_after():
-    admission = Admission(timeout_s=1.0, padding_ratio=0.0)
+    admission = Admission(timeout_s=1.0)
     b = Stub(1000)
     admission.batchers.append(b)
     admission.admit(b, [100], 1.0)
@@ -66,7 +59,7 @@ def test_work_that_fits_alone_but_not_behind_the_work_ahead_is_429_with_retry_af
 
 def test_the_work_of_every_batcher_of_the_model_counts():
     """/encode and /embed_all share the model's cores: each waits for both."""
-    admission = Admission(timeout_s=10.0, padding_ratio=0.0)
+    admission = Admission(timeout_s=10.0)
     encode, tokens = Stub(1000), Stub(1000, backlog_s=9.95)
     admission.batchers += [encode, tokens]
     with pytest.raises(Overloaded):
@@ -74,7 +67,7 @@ def test_the_work_of_every_batcher_of_the_model_counts():
 
 
 def test_time_already_spent_counts_against_the_deadline():
-    admission = Admission(timeout_s=10.0, padding_ratio=0.0)
+    admission = Admission(timeout_s=10.0)
     b = Stub(1000)
     admission.batchers.append(b)
     admission.admit(b, [100], 10.0)
@@ -85,7 +78,7 @@ def test_time_already_spent_counts_against_the_deadline():
 def test_the_batch_being_computed_counts_as_work_ahead():
     async def main():
         rec = Recorder()
-        b = await started(rec, assumed_tokens_per_s=100)
+        b = await started(rec, cost=CostModel(fixed_tokens_per_s=100))
         before = b.backlog_s()
         await held(rec, b)  # one text computing: nothing queued
         running = b.backlog_s()
@@ -111,14 +104,14 @@ def test_an_oversized_request_is_refused_before_any_batch_is_computed():
         assert backend.seen == []
         assert c.post("/encode", json={"inputs": "the cat"}).status_code == 200
         batcher = c.app.state.registry.models["fake"].embed.batcher
-        assert batcher.throughput.measured  # the batch it ran was measured
+        assert batcher.cost.measured  # by the operator's stated rate
         assert batcher.depth == 0
 
 
 def test_work_admitted_but_not_yet_queued_counts_for_the_requests_after_it():
     """A burst arriving at once: each is admitted against the ones admitted before it (still
     tokenising), not against an empty queue."""
-    admission = Admission(timeout_s=10.0, padding_ratio=0.0)
+    admission = Admission(timeout_s=10.0)
     b = Stub(100)
     admission.batchers.append(b)
     promised = [admission.admit(b, [300], 10.0) for _ in range(3)]  # 3 s each: 9 s
@@ -141,7 +134,7 @@ def test_models_on_one_device_share_one_admission():
 def test_headroom_keeps_a_share_of_the_deadline_free():
     """At 0.8, work that fills 85 % of the deadline is refused (429 behind other work, 413
     alone), 75 % is admitted: the rest absorbs what the measured rate does not see."""
-    admission = Admission(timeout_s=10.0, padding_ratio=0.0, headroom=0.8)
+    admission = Admission(timeout_s=10.0, headroom=0.8)
     b = Stub(100)
     admission.batchers.append(b)
     with pytest.raises(PayloadTooLarge) as err:

@@ -11,6 +11,7 @@ import pytest
 
 from service.engine.batch_policy import BatchPolicy, Item, select_batch
 from service.engine.batcher import DynamicBatcher
+from service.engine.cost import CostModel
 from service.errors import InferenceFailed, Overloaded, Unavailable
 from service.tensors import Batch
 
@@ -57,7 +58,10 @@ class Depths:
     def rejected(self, reason: str) -> None:
         pass
 
-    def capacity(self, tokens_per_s: float) -> None:
+    def capacity(self, cost, policy) -> None:
+        pass
+
+    def predicted(self, predicted_s: float, actual_s: float) -> None:
         pass
 
     @property
@@ -78,8 +82,9 @@ def seqs(*lengths: int, start: int = 1) -> list[list[int]]:
     return [[start + i] * n for i, n in enumerate(lengths)]
 
 
-async def started(recorder: Recorder, observer=None, **policy) -> DynamicBatcher:
-    b = DynamicBatcher(recorder, BatchPolicy(**policy), observer)
+async def started(recorder: Recorder, observer=None, cost=None, **policy) -> DynamicBatcher:
+    """cost: the batcher's CostModel (default: not measured yet)."""
+    b = DynamicBatcher(recorder, BatchPolicy(**policy), observer, cost=cost)
     b.start()
     return b
 
@@ -427,17 +432,18 @@ def test_a_batch_with_others_still_queued_runs_on_the_inference_thread():
     assert second is threading.current_thread()
 
 
-def test_a_batch_holds_at_most_max_batch_s_of_work_at_the_measured_rate():
+def test_a_batch_holds_at_most_max_batch_s_of_work_at_its_cost():
     async def main():
         rec = Recorder()
-        b = await started(rec, max_wait_s=0.0, max_padding_ratio=1.0, max_batch_s=0.5, assumed_tokens_per_s=80)
+        rate = CostModel(fixed_tokens_per_s=80)
+        b = await started(rec, max_wait_s=0.0, max_padding_ratio=1.0, max_batch_s=0.5, cost=rate)
         items = b.submit(seqs(*[10] * 12), soon(5))  # 120 tokens: 1.5 s at 80 tokens/s
         await asyncio.gather(*(it.future for it in items))
         await b.stop()
         return rec.batches
 
     batches = run(main())
-    # Before any batch is measured: 0.5 s at the assumed 80 tokens/s is 40 padded tokens.
+    # 0.5 s at a stated 80 tokens/s is 40 padded tokens.
     assert batches[0] == (4, 10), batches
     assert sum(n for n, _ in batches) == 12
 

@@ -38,7 +38,7 @@ class Gate:
 def intake(gate: Gate) -> Intake:
     policy = BatchPolicy(max_wait_s=0.0, max_padding_ratio=1.0)
     batcher = DynamicBatcher(gate, policy)
-    admission = Admission(30.0, 0.1)
+    admission = Admission(30.0)
     admission.batchers.append(batcher)
     batcher.start()
     return Intake(batcher, admission, Metrics(), "test", "m")

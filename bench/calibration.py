@@ -1,0 +1,138 @@
+"""python -m bench.calibration: how well a calibrated cost predicts batches it never ran.
+
+For each model (the default bundle; random-weight ModernBERT and BERT checkpoints at their base
+width, fewer layers: bench.families'), each serving session is calibrated exactly as warm-up
+does it (service/engine/calibrate.py, the default budget), then timed on a grid of other
+shapes, lengths 8 to the model's maximum (the long lane's past HEADWISE_LONG_TOKENS); the table
+gives the predicted over the actual time at p50 and p90 of |error|, per session. The JSON keeps
+every sample: tests/service/engine/test_cost.py fits the recorded calibration again and holds
+its predictions of the recorded grid to 25 % at p90.
+
+Writes bench/results/calibration.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.families import checkpoint, export
+from bench.results_io import machine, save
+from service.bundle import load_bundle
+from service.engine.calibrate import measure, shapes
+from service.engine.cost import CostModel, Sample
+from service.engine.runtime import OnnxBackend
+from service.settings import Settings
+from service.tensors import Batch
+
+log = logging.getLogger("calibration")
+RESULTS = Path("bench/results")
+MAIN_LENGTHS = (8, 12, 24, 48, 96, 160, 256, 384, 512, 768, 1024)
+MAIN_ROWS = (1, 3, 8, 32, 64)
+LONG_LENGTHS = (1100, 1536, 2048, 3072, 4096, 6144, 8192)
+
+
+def timed(run: Any, rows: int, n: int, token: int) -> float:
+    ids = np.full((rows, n), token, dtype=np.int64)
+    batch = Batch(ids, np.ones_like(ids))
+    times: list[float] = []
+    while len(times) < 3 or (len(times) < 9 and sum(times) < 0.2):  # short runs jitter
+        started = time.perf_counter()
+        run(batch)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def grid(longest: int, shortest: int, long_lane: bool, s: Settings) -> list[tuple[int, int]]:
+    if long_lane:
+        return [(1, n) for n in LONG_LENGTHS if shortest < n <= longest]
+    out = []
+    for n in (*MAIN_LENGTHS, longest):
+        for rows in MAIN_ROWS:
+            if n <= longest and rows * n <= s.max_batch_tokens and rows <= s.max_batch_size:
+                out.append((rows, n))
+    return sorted(set(out))
+
+
+def session(run: Any, longest: int, shortest: int, long_lane: bool, token: int, s: Settings) -> dict[str, Any]:
+    started = time.monotonic()
+    plan = shapes(longest, 1 if long_lane else s.max_batch_size)
+    calibration = measure(run, plan, token, s.calibration_s)
+    took = time.monotonic() - started
+    cost = CostModel()
+    cost.calibrate(calibration)
+    held = [Sample(r, n, timed(run, r, n, token)) for r, n in grid(longest, shortest, long_lane, s)]
+    errors = [abs(cost.seconds(x.rows, x.n) / x.seconds - 1) for x in held]
+    return {
+        "calibration": [[x.rows, x.n, x.seconds] for x in calibration],
+        "calibration_s": took,
+        "held_out": [[x.rows, x.n, x.seconds] for x in held],
+        "p50_error": float(np.percentile(errors, 50)) if errors else None,
+        "p90_error": float(np.percentile(errors, 90)) if errors else None,
+        "lengths": [min(n for _, n in plan), longest],
+    }
+
+
+def model(name: str, bundle: Path, s: Settings) -> dict[str, Any]:
+    backend = OnnxBackend(load_bundle(bundle, verify=False), s)
+    backend.warmup()
+    m = backend.manifest
+    token = m.vocab_size // 2
+    lanes = {"main": session(backend.run, backend.long_tokens or m.max_length, 0, False, token, s)}
+    if backend.long_tokens:
+        lanes["long"] = session(backend.run_long, m.max_length, backend.long_tokens, True, token, s)
+    log.info("%s: %s", name, {k: (v["p50_error"], v["p90_error"]) for k, v in lanes.items()})
+    return {"max_length": m.max_length, "lanes": lanes}
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [
+        "# Calibrated cost against batches it never ran",
+        "",
+        f"{results['machine']['cpus']} cores, flags: {results['machine']['cpu_flags']}; "
+        f"{results['machine']['when']}. Calibration as warm-up does it (budget "
+        f"{results['calibration_s']:g} s a session), then each shape of a grid timed (median of "
+        "3 to 9 runs) and predicted.",
+        "",
+        "| model | session | lengths served | longest measured | calibration took | shapes predicted | p50 error | p90 error |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, r in results["models"].items():
+        for lane, v in r["lanes"].items():
+            lo, hi = v["lengths"]
+            lines.append(
+                f"| {name} | {lane} | {lo}-{hi} | {max(c[1] for c in v['calibration'])} | "
+                f"{v['calibration_s']:.1f} s | "
+                f"{len(v['held_out'])} | {100 * v['p50_error']:.1f} % | {100 * v['p90_error']:.1f} % |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bundle", type=Path, default=Path("bundles/default"))
+    parser.add_argument("--families", nargs="*", default=["modernbert", "bert"])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--root", type=Path, default=Path("bundles/calibration"))
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    s = Settings(attention_enabled=False)
+    models = {"all-MiniLM-L6-v2": model("all-MiniLM-L6-v2", args.bundle, s)}
+    for family in args.families:
+        folder = checkpoint(family, args.layers, args.root / f"{family}-ckpt")
+        bundle = export(folder, args.root / family)
+        models[f"{family} ({args.layers} layers)"] = model(family, bundle, s)
+    results = {"machine": machine(), "calibration_s": s.calibration_s, "models": models}
+    save(args.out, "calibration", results, report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,235 @@
+"""What a batch costs, in seconds, on this machine: measured, never assumed.
+
+A batch of `rows` sequences padded to n tokens takes
+
+    t(rows, n) = a + b·rows·n + c·rows·n²
+
+a: the fixed cost of a run (the call, its allocations); b: a token's work through the
+projections and FFN (linear in tokens); c: attention's scores and weighted sums (each token
+against every other: n² per sequence). The three are fitted by non-negative least squares on
+relative error, so short and long batches are predicted equally well. Real kernels are not that
+smooth (on a 2-core EPYC, all-MiniLM-L6-v2's cost a token varies 2x between batch shapes of
+similar size), so a prediction is the fit times a correction: the measured over the fitted time
+of the nearest measured shapes (inverse-distance weighted in log rows and log length). Inside
+the measured shapes it follows them; past them (longer inputs than the budget allowed) it is
+the fit, scaled as its nearest measurements were. Both are made from:
+
+- the calibration: warm-up times the session at a few shapes up to the longest it serves
+  (service/engine/calibrate.py), before /ready says 200;
+- the batches served since, the recent ones only, and only those that ran alone on the device
+  (another batch computing beside it shares the cores and would make this one look slower).
+
+One `CostModel` per serving session (a model's main lane, its long lane, its attention graph):
+the batchers that run the same session share it. `fixed_tokens_per_s` (the operator's
+HEADWISE_CAPACITY_TOKENS_PER_S) replaces the measurement with a stated rate.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Batches served that refine the calibration: the latest this many that ran alone.
+RECENT = 64
+REFIT = 8
+NEAREST = 4  # measured shapes a correction is weighted from
+MEMO = 4096  # predictions kept until the next refit (admission asks for the same shapes often)
+
+
+@dataclass(frozen=True)
+class Sample:
+    rows: int
+    n: int  # padded length
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Fit:
+    """t(rows, n) = batch_s + token_s·rows·n + pair_s·rows·n² (all >= 0)."""
+
+    batch_s: float
+    token_s: float
+    pair_s: float
+
+    def seconds(self, rows: int, n: int) -> float:
+        return self.batch_s + rows * n * (self.token_s + n * self.pair_s)
+
+
+def _terms(samples: Sequence[Sample]) -> np.ndarray:
+    rows = np.array([s.rows for s in samples], dtype=np.float64)
+    n = np.array([s.n for s in samples], dtype=np.float64)
+    return np.stack([np.ones_like(n), rows * n, rows * n * n], axis=1)
+
+
+def fit(samples: Sequence[Sample]) -> Fit:
+    """Non-negative least squares on relative error: each sample's row divided by its time.
+    Three terms: every subset of them is solved, the best with no negative coefficient kept."""
+    if not samples:
+        raise ValueError("no sample to fit")
+    t = np.array([max(s.seconds, 1e-9) for s in samples], dtype=np.float64)
+    x = _terms(samples) / t[:, None]
+    y = np.ones(len(samples))
+    scale = np.maximum(np.abs(x).max(axis=0), 1e-300)  # columns of very different magnitudes
+    best: tuple[float, np.ndarray] | None = None
+    for k in (1, 2, 3):
+        for cols in itertools.combinations(range(3), k):
+            sub = x[:, cols] / scale[list(cols)]
+            coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
+            if (coef < 0).any():
+                continue
+            residual = float(((sub @ coef - y) ** 2).sum())
+            if best is None or residual < best[0] - 1e-12:
+                full = np.zeros(3)
+                full[list(cols)] = coef / scale[list(cols)]
+                best = (residual, full)
+    assert best is not None  # one column alone always has a non-negative solution
+    a, b, c = (float(v) for v in best[1])
+    return Fit(a, b, c)
+
+
+class CostModel:
+    def __init__(
+        self, fixed_tokens_per_s: float | None = None, quadratic_at: int = 0, learns: bool = True
+    ) -> None:
+        """fixed_tokens_per_s: a stated rate instead of measurements (padded tokens a second,
+        a token of an n-long sequence counting 1 + n / quadratic_at). learns: served batches
+        refine it (False: their time is not the machine's, as a test's gated fake's)."""
+        self.fixed_tokens_per_s = fixed_tokens_per_s
+        self.learns = learns
+        self.quadratic_at = quadratic_at
+        self.calibration: list[Sample] = []
+        self.recent: deque[Sample] = deque(maxlen=RECENT)
+        self.calibration_s = 0.0  # how long the calibration took
+        self.served = 0  # batches that refined it
+        self._fit: Fit | None = None
+        self._points = np.zeros((0, 2))  # measured shapes, (log rows, log n)
+        self._ratios = np.zeros(0)  # their measured over fitted time
+        self._memo: dict[tuple[int, int], float] = {}
+
+    @property
+    def source(self) -> str:
+        """How its figures were obtained, for messages, /info and logs."""
+        if self.fixed_tokens_per_s is not None:
+            return "set (HEADWISE_CAPACITY_TOKENS_PER_S)"
+        if self.calibration:
+            return "measured"
+        return "measured by batches served" if self._fit is not None else "not measured yet"
+
+    @property
+    def measured(self) -> bool:
+        return self.fixed_tokens_per_s is not None or self._fit is not None
+
+    @property
+    def current(self) -> Fit | None:
+        if self.fixed_tokens_per_s is not None:
+            q = self.quadratic_at
+            per_token = 1.0 / self.fixed_tokens_per_s
+            return Fit(0.0, per_token, per_token / q if q else 0.0)
+        return self._fit
+
+    @property
+    def longest_measured(self) -> int:
+        return max((s.n for s in itertools.chain(self.calibration, self.recent)), default=0)
+
+    def calibrate(self, samples: Iterable[Sample], seconds: float = 0.0) -> None:
+        self.calibration = list(samples)
+        self.calibration_s = seconds
+        self._refit()
+
+    def observe(self, rows: int, n: int, seconds: float) -> bool:
+        """A batch that ran alone on the device: its time refines the fit. The fit is redone
+        every REFIT batches, or at once when this one was mispredicted by a quarter or more
+        (a few hundred µs of numpy: not on every short text's batch). True: refitted."""
+        if self.fixed_tokens_per_s is not None or not self.learns or seconds <= 0:
+            return False
+        predicted = self.seconds(rows, n)
+        self.recent.append(Sample(rows, n, seconds))
+        self.served += 1
+        off = predicted <= 0 or abs(seconds / predicted - 1) >= 0.25
+        if off or self.served % REFIT == 0:
+            self._refit()
+            return True
+        return False
+
+    def _refit(self) -> None:
+        samples = [*self.calibration, *self.recent]
+        self._memo = {}
+        self._fit = fit(samples) if samples else None
+        if self._fit is None:
+            return
+        f = self._fit
+        self._points = np.log([[s.rows, s.n] for s in samples])
+        self._ratios = np.array([s.seconds / max(f.seconds(s.rows, s.n), 1e-12) for s in samples])
+
+    def correction(self, rows: int, n: int) -> float:
+        """The measured over the fitted time near this shape (1: nothing measured)."""
+        if self.fixed_tokens_per_s is not None or not len(self._ratios):
+            return 1.0
+        distance = np.sqrt(((self._points - np.log([rows, n])) ** 2).sum(axis=1))
+        nearest = np.argsort(distance)[:NEAREST]
+        if distance[nearest[0]] < 1e-9:  # measured: exactly its shape (recent ones averaged)
+            same = distance < 1e-9
+            return float(self._ratios[same].mean())
+        weights = 1.0 / distance[nearest] ** 2
+        return float((weights * self._ratios[nearest]).sum() / weights.sum())
+
+    def seconds(self, rows: int, n: int) -> float:
+        """A batch's predicted time; 0 until anything was measured (then nothing is refused)."""
+        f = self.current
+        if f is None:
+            return 0.0
+        key = (rows, n)
+        if key not in self._memo:
+            if len(self._memo) >= MEMO:
+                self._memo = {}
+            self._memo[key] = f.seconds(rows, n) * self.correction(rows, n)
+        return self._memo[key]
+
+    def describe(self) -> dict[str, object]:
+        """The figures /info shows."""
+        f = self.current
+        return {
+            "source": self.source,
+            "batch_s": f.batch_s if f else None,
+            "token_s": f.token_s if f else None,
+            "token_length_s": f.pair_s if f else None,
+            "calibration": [[s.rows, s.n, round(s.seconds, 6)] for s in self.calibration],
+            "calibration_s": round(self.calibration_s, 3),
+            "longest_measured": self.longest_measured,
+            "batches_served": self.served,
+        }
+
+
+class Device:
+    """The batchers that share the cores (or one GPU): whether a batch ran alone on them.
+
+    Both calls come from the event loop (a batcher starts and ends its runs there)."""
+
+    def __init__(self) -> None:
+        self._active: set[int] = set()
+        self._shared: set[int] = set()  # runs that overlapped another
+        self._starts = 0
+
+    @property
+    def running(self) -> int:
+        return len(self._active)
+
+    def enter(self) -> int:
+        self._starts += 1
+        ticket = self._starts
+        if self._active:
+            self._shared |= self._active | {ticket}
+        self._active.add(ticket)
+        return ticket
+
+    def leave(self, ticket: int) -> bool:
+        """True when nothing else ran at any moment of the run that `ticket` began."""
+        self._active.discard(ticket)
+        if ticket in self._shared:
+            self._shared.discard(ticket)
+            return False
+        return True

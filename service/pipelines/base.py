@@ -14,6 +14,7 @@ as a request of its own, so that other traffic is batched between them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -108,13 +109,15 @@ class Intake:
         long = [i for i, n in enumerate(lengths) if n > self.long_tokens]
         return [(b, idx) for b, idx in ((self.batcher, short), (self.long, long)) if idx]
 
-    def admit(self, lengths: Sequence[int], call: Call) -> float:
-        """Seconds of work promised (release once queued), or a refusal."""
+    def admit(self, lengths: Sequence[int], call: Call, unit: str = "inputs") -> float:
+        """Seconds of work promised (release once queued), or a refusal (naming the sequences
+        as `unit`: inputs, or what a request's inputs became: windows, chunks)."""
         promised = 0.0
         try:
             for batcher, idx in self.lanes(lengths):
                 part = [lengths[i] for i in idx]
-                promised += self.admission.admit(batcher, part, call.remaining() - promised)
+                left = call.remaining() - promised
+                promised += self.admission.admit(batcher, part, left, unit)
             return promised
         except Overloaded:
             self.admission.release(promised)
@@ -124,6 +127,12 @@ class Intake:
         except BaseException:
             self.admission.release(promised)
             raise
+
+    def precheck(self, lengths: Sequence[int], call: Call, unit: str = "inputs") -> None:
+        """Refused now (413, 429) when sequences of these lengths, a lower bound of what the
+        request will queue, could not finish by its deadline: before a large request is
+        tokenised. Nothing is promised: `run` admits the request again on its exact sequences."""
+        self.admission.release(self.admit(lengths, call, unit))
 
     def _submit(self, prepared: Prepared, deadline: float) -> list[Item]:
         """Every sequence queued in its lane (or none: 429), its item at its own index."""
@@ -154,11 +163,12 @@ class Intake:
         at_least: Sequence[int] | None = None,
         hold: Hold | None = None,
         then: Callable[[Ran[Any]], Awaitable[R]] | None = None,
+        unit: str = "inputs",
     ) -> Any:
         """The batcher's outputs for the prepared sequences (or `then` of them, still inside
         `hold`). at_least: a lower bound of each input's tokens, known without a tokenizer."""
         call.check()
-        promised = self.admit(at_least, call) if at_least else 0.0
+        promised = self.admit(at_least, call, unit) if at_least else 0.0
         self.batcher.arriving += 1
         try:
             started = time.monotonic()
@@ -167,7 +177,7 @@ class Intake:
             self.admission.release(promised)
             promised = 0.0
             pieces = prepared.split()
-            promised = self.admit([len(s) for s in pieces[0].sequences], call)
+            promised = self.admit([len(s) for s in pieces[0].sequences], call, unit)
         except BaseException:
             self.admission.release(promised)
             raise
@@ -181,8 +191,10 @@ class Intake:
         try:
             for k, piece in enumerate(pieces):
                 if k:  # each later piece is admitted as it is queued, like any other work
-                    promised = self.admit([len(s) for s in piece.sequences], call)
-                async with hold(piece) if hold is not None else contextlib.nullcontext():
+                    promised = self.admit([len(s) for s in piece.sequences], call, unit)
+                async with contextlib.AsyncExitStack() as held:
+                    if hold is not None:
+                        await _enter(held, hold(piece), call)
                     items = self._submit(piece, call.deadline)
                     self.admission.release(promised)  # queued: the batchers count it now
                     promised = 0.0
@@ -197,6 +209,18 @@ class Intake:
             raise AssertionError("a request has at least one piece")
         finally:
             self.admission.release(promised)  # refused by the queue or the hold: withdrawn
+
+
+async def _enter(
+    stack: contextlib.AsyncExitStack, hold: AbstractAsyncContextManager[None], call: Call
+) -> None:
+    """A piece's hold entered by the request's deadline: a turn behind another request's (the
+    attention and explanation pacers) never answers after it (503 then, as any wait)."""
+    try:
+        async with asyncio.timeout(max(0.0, call.remaining())):
+            await stack.enter_async_context(hold)
+    except TimeoutError:
+        raise call.expired() from None
 
 
 def _pick(values: Sequence[Any] | None, idx: list[int]) -> list[Any] | None:

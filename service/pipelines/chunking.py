@@ -181,6 +181,24 @@ class Chunker:
                 param="chunking.strategy",
             )
 
+    def at_least(self, texts: list[str], chunking: Chunking) -> list[int]:
+        """A lower bound of the sequences the request will run, from its words (each is a token
+        at least), before its documents are tokenised: late, the windows of each document;
+        separate, its chunks."""
+        room = self.manifest.max_length - 2
+        out: list[int] = []
+        for i, text in enumerate(texts):
+            n = len(text.split())
+            if chunking.strategy == "late":
+                spans = windows(n, room, chunking.size or 0) if n else []
+                out += [b - a + 2 for a, b in spans]
+            elif chunking.spans is not None:
+                out += [3] * len(chunking.spans[i])
+            else:
+                size = chunking.size or room
+                out += [size + 2] * (n // size)
+        return out
+
     async def run(
         self,
         call: Call,
@@ -190,6 +208,10 @@ class Chunker:
         normalize: bool,
         dimensions: int | None,
     ) -> Chunked:
+        lower = self.at_least(texts, chunking)
+        intake = self.pipe.tokens if chunking.strategy == "late" else self.pipe.intake
+        if lower and intake is not None:  # refused before the documents are tokenised
+            intake.precheck(lower, call, "windows" if chunking.strategy == "late" else "chunks")
         encodings, _ = await call.tokenize(self.pipe.backend.tokenize_whole, texts)
         widest = chunking.size or 0
         plans = []
@@ -277,7 +299,8 @@ class Chunker:
             return Prepared(sequences)
 
         assert self.pipe.tokens is not None
-        ran = await self.pipe.tokens.run(call, prepare, at_least=[len(s) for s in sequences])
+        lengths = [len(s) for s in sequences]
+        ran = await self.pipe.tokens.run(call, prepare, at_least=lengths, unit="windows")
         chunks: list[list[tuple[Chunk, np.ndarray]]] = []
         for i, c_list in enumerate(plans):
             first, spans = where[i]

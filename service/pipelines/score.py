@@ -161,15 +161,23 @@ class ScorePipeline:
         items: Sequence[ScoreInput],
         truncate: bool = True,
         instruction: str | None = None,
+        max_document_tokens: int | None = None,
     ) -> Scored:
         """Raw logits per item (a text or a pair), in order. instruction: a causal LM
-        reranker's, in its template (None: the template's own)."""
+        reranker's, in its template (None: the template's own); max_document_tokens: each
+        pair's document cut to its first tokens first (Cohere's max_tokens_per_doc), once the
+        request is admitted on its words."""
+
+        async def prepare() -> Prepared:
+            pairs = items
+            if max_document_tokens is not None:
+                documents = [it[1] for it in items if not isinstance(it, str)]
+                cut = iter(await self.cut_documents(call, documents, max_document_tokens))
+                pairs = [it if isinstance(it, str) else (it[0], next(cut)) for it in items]
+            return await self._sequences(call, pairs, truncate, instruction)
+
         self.check_instruction(instruction)
-        ran = await self.intake.run(
-            call,
-            lambda: self._sequences(call, items, truncate, instruction),
-            at_least=self._at_least(items),
-        )
+        ran = await self.intake.run(call, prepare, at_least=self._at_least(items))
         logits = np.stack(ran.rows).astype(np.float64)
         return Scored(logits, ran.lengths, ran.timings)
 

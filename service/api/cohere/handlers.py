@@ -51,9 +51,10 @@ async def rerank_v2(ctx: Context, body: RerankV2Request) -> Response:
     assert pipe is not None
     pipe.check(body.documents, "documents", ctx.settings.rerank_max_documents)
     pipe.check_instruction(body.instruction)
-    documents = await pipe.cut_documents(ctx.call, body.documents, body.max_tokens_per_doc)
-    pairs = [(body.query, d) for d in documents]
-    out = await pipe.score(ctx.call, pairs, instruction=body.instruction)
+    pairs = [(body.query, d) for d in body.documents]
+    out = await pipe.score(
+        ctx.call, pairs, instruction=body.instruction, max_document_tokens=body.max_tokens_per_doc
+    )
     scores = pipe.relevance(out.logits)
     payload = {
         "id": str(uuid.uuid4()),

@@ -42,7 +42,11 @@ class Settings(BaseSettings):
         "nothing else is queued or arriving: one short text skips two thread hops (~0.3 ms); "
         "CPU only; 0 = always on the inference thread",
     )
-    warmup: bool = True
+    warmup: bool = Field(
+        True,
+        description="run the graphs once and time each serving session (CALIBRATION_S) before "
+        "ready; false: neither, admission learns costs from the batches served",
+    )
     memory: Literal["shrink", "off", "arena"] = Field(
         "shrink",
         description="ONNX Runtime CPU memory: shrink: arena handed back after every run; off: "

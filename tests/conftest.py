@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
+
+# Every server the suite starts (in-process, or a `headwise serve` child, which inherits it)
+# times its sessions on a 1 s budget, not the default 8: hundreds of starts, and the shapes past
+# it are predicted. The tests of calibration and admission give the default back explicitly
+# (tests/service/test_measured_admission.py, tests/service/engine/test_cost.py).
+os.environ.setdefault("HEADWISE_CALIBRATION_S", "1")
 
 REAL_TEXTS = [
     "A man is eating food.",

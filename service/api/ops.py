@@ -98,7 +98,9 @@ def limits(s: Settings) -> dict[str, Any]:
         "explain_cpu_share": s.explain_cpu_share,
         "explain_batch_tokens": s.explain_batch_tokens,
         "explain_queue": s.explain_queue,
-        "capacity_tokens_per_s": s.capacity_tokens_per_s,
+        "calibration_s": s.calibration_s,
+        # A stated rate only when the operator set one (unset: measured, see `capacity`).
+        **({"capacity_tokens_per_s": s.capacity_tokens_per_s} if s.capacity_tokens_per_s else {}),
         "multi_vector_max_numbers": s.multi_vector_max_numbers,
         "multi_vector_budget_numbers": s.multi_vector_budget_numbers,
         "sparse_batch_bytes": s.sparse_batch_bytes,
@@ -120,6 +122,20 @@ class ServedModel(BaseModel):
     tei: Info
 
 
+class SessionCost(BaseModel):
+    """A batcher's cost per batch of r texts of n tokens, a + b r n + c r n² seconds
+    (service/engine/cost.py), and how it was obtained."""
+
+    source: str
+    batch_s: float | None
+    token_s: float | None
+    token_length_s: float | None
+    calibration: list[list[float]] = Field(description="[rows, n, seconds] timed at warm-up")
+    calibration_s: float
+    longest_measured: int
+    batches_served: int
+
+
 class InfoResponse(Info):
     """TEI's Info (for the model that answers the asked route, else the first), then headwise's:
     every model, which model answers each route, the limits, memory and capacity."""
@@ -129,6 +145,9 @@ class InfoResponse(Info):
     served_by: dict[str, str]
     attention_enabled: bool
     limits: dict[str, float | int]
+    capacity: dict[str, dict[str, SessionCost]] = Field(
+        description="per model, per batcher: what admission prices a batch at"
+    )
     version: str
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from service.settings import Settings
 from tests.service.conftest import client_for
 
 pytestmark = pytest.mark.slow
@@ -120,7 +121,11 @@ def fresh(case: Case, timeout_s: float):
     """A new server (calibrated at its start) with this deadline; attention off: one fewer
     session to time."""
     return client_for(
-        case.bundle, request_timeout_s=timeout_s, attention_enabled=False, **case.settings
+        case.bundle,
+        request_timeout_s=timeout_s,
+        attention_enabled=False,
+        calibration_s=Settings.model_fields["calibration_s"].default,  # as users start it
+        **case.settings,
     )
 
 
@@ -197,7 +202,8 @@ def test_every_path_answers_by_its_deadline_under_a_saturating_load(default_bund
 
     from tests.live import serve
 
-    env = {"HEADWISE_REQUEST_TIMEOUT_S": str(DEADLINE_S)}
+    default = Settings.model_fields["calibration_s"].default
+    env = {"HEADWISE_REQUEST_TIMEOUT_S": str(DEADLINE_S), "HEADWISE_CALIBRATION_S": str(default)}
     names = list(LOAD)
     log: list[tuple[str, int, float]] = []
     with serve(default_bundle, tmp_path, env) as live:

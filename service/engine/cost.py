@@ -214,10 +214,6 @@ class Device:
         self._shared: set[int] = set()  # runs that overlapped another
         self._starts = 0
 
-    @property
-    def running(self) -> int:
-        return len(self._active)
-
     def enter(self) -> int:
         self._starts += 1
         ticket = self._starts

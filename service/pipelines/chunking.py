@@ -208,10 +208,8 @@ class Chunker:
         normalize: bool,
         dimensions: int | None,
     ) -> Chunked:
-        lower = self.at_least(texts, chunking)
-        intake = self.pipe.tokens if chunking.strategy == "late" else self.pipe.intake
-        if lower and intake is not None:  # refused before the documents are tokenised
-            intake.precheck(lower, call, "windows" if chunking.strategy == "late" else "chunks")
+        """The chunks' vectors. Checked (`check`) and priced (`at_least`) by the request's plan
+        (service/pipelines/plan.py) before: here the documents are tokenised and run."""
         encodings, _ = await call.tokenize(self.pipe.backend.tokenize_whole, texts)
         widest = chunking.size or 0
         plans = []

@@ -198,6 +198,11 @@ class EmbedPipeline:
         limit = self.manifest.max_length
         return [min(limit, len(t.split()) if isinstance(t, str) else len(t)) for t in inputs]
 
+    def price(self, inputs: list[Input], how: Tokenizing = Tokenizing()) -> list[int]:
+        """What admission prices `embed` of these inputs at before tokenising: a lower bound of
+        each one's tokens, its prompt or instruction included."""
+        return self._at_least(self.prompted(inputs, how.prompt_name, how.instruction))
+
     async def embed(
         self,
         call: Call,
@@ -205,11 +210,15 @@ class EmbedPipeline:
         how: Tokenizing = Tokenizing(),
         normalize: bool | None = None,
         dimensions: int | None = None,
+        at_least: list[int] | None = None,
     ) -> Encoded:
-        """normalize None: the model's own default (its sentence-transformers Normalize)."""
+        """normalize None: the model's own default (its sentence-transformers Normalize).
+        at_least: the price a plan already made (`price`), else made here."""
         inputs = self.prompted(inputs, how.prompt_name, how.instruction)
+        if at_least is None:
+            at_least = self._at_least(inputs)
         ran = await self.intake.run(
-            call, lambda: self._sequences(call, inputs, how), at_least=self._at_least(inputs)
+            call, lambda: self._sequences(call, inputs, how), at_least=at_least
         )
         if normalize is None:
             normalize = self.manifest.normalize
@@ -232,7 +241,11 @@ class EmbedPipeline:
         return [row[:n] for row, n in zip(ran.rows, ran.lengths, strict=True)]
 
     async def _too_long(self, call: Call, item: Input, i: int, limit: int) -> None:
-        n = await call.offload(self.backend.count_tokens, item) if isinstance(item, str) else len(item)
+        n = (
+            await call.offload(self.backend.count_tokens, item)
+            if isinstance(item, str)
+            else len(item)
+        )
         whose = "the model's limit" if limit == self.manifest.max_length else "the request's limit"
         raise PayloadTooLarge(
             f"input {i} has {n} tokens; {whose} is {limit} (send truncate: true to cut it)",

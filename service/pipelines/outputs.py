@@ -210,6 +210,20 @@ class OutputsPipeline:
             values = values[: len(ids)]
         return np.ascontiguousarray(values[which], dtype=np.float32)
 
+    def _role(self, how: Tokenizing, input_type: InputType | None) -> Tokenizing:
+        """A model's prompt for the role asked (a ColBERT model marks it instead)."""
+        if self.colbert or input_type is None or how.prompt_name is not None or how.instruction:
+            return how
+        return replace(how, prompt_name=self.embed.prompt_for(input_type))
+
+    def price(
+        self, inputs: list[Input], how: Tokenizing = PLAIN, input_type: InputType | None = None
+    ) -> list[int]:
+        """What admission prices `encode` of these inputs at before tokenising (as `encode`
+        works it out): a lower bound of each one's tokens, its prompt included."""
+        how = self._role(how, input_type)
+        return self.embed._at_least(self.embed.prompted(inputs, how.prompt_name, how.instruction))
+
     async def encode(
         self,
         call: Call,
@@ -219,13 +233,16 @@ class OutputsPipeline:
         input_type: InputType | None = None,
         normalize: bool | None = None,
         dimensions: int | None = None,
+        at_least: list[int] | None = None,
     ) -> Encoded:
         """outputs: checked by `check`. input_type: a ColBERT model's query or document
-        (default document); for others it picks the model's prompt for that role."""
+        (default document); for others it picks the model's prompt for that role. at_least:
+        the price a plan already made (`price`), else made here."""
         kind: InputType = input_type or "document"
-        if not self.colbert and how.prompt_name is None and input_type is not None:
-            how = replace(how, prompt_name=self.embed.prompt_for(input_type))
-        texts = self.embed.prompted(inputs, how.prompt_name)
+        how = self._role(how, input_type)
+        texts = self.embed.prompted(inputs, how.prompt_name, how.instruction)
+        if at_least is None:
+            at_least = self.embed._at_least(texts)
         multi = "multi_vector" in outputs
 
         async def prepare() -> Prepared:
@@ -248,7 +265,7 @@ class OutputsPipeline:
                 yield
 
         ran: Ran[Row] = await self.intake.run(
-            call, prepare, at_least=self.embed._at_least(texts), hold=hold if multi else None
+            call, prepare, at_least=at_least, hold=hold if multi else None
         )
         seqs = ran.prepared.sequences
         dense = None

@@ -4,7 +4,6 @@ attention maps and their viewer."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -21,11 +20,13 @@ from service.api.native.schemas import (
     TokenizeDetailsRequest,
 )
 from service.errors import InvalidInput
+from service.manifest import Output
 from service.pipelines.base import as_list, check_texts
-from service.pipelines.chunking import Chunker, Chunking
+from service.pipelines.chunking import Chunking
 from service.pipelines.compact import compact, with_pieces
-from service.pipelines.embed import EmbedPipeline, Tokenizing
+from service.pipelines.embed import Tokenizing
 from service.pipelines.outputs import sparse_entries
+from service.pipelines.plan import Encoded, EncodePlan, plan
 from service.registry import OUTPUT_CAPABILITIES, Model
 
 # An answer larger than this goes out in pieces, each waiting for the socket, so that health
@@ -34,27 +35,52 @@ STREAM_BYTES = 1 << 20
 
 
 async def encode(ctx: Context, body: EncodeRequest) -> Response:
-    if body.outputs is not None or body.input_type is not None:
-        return await encode_outputs(ctx, body)
-    model = ctx.model(body.model)
-    if model.served_outputs[:1] != ["dense"]:  # SPLADE, ColBERT: their own output by default
-        return await encode_outputs(ctx, body)
-    pipe = model.embed
-    assert pipe is not None
-    texts = pipe.validate(body.inputs, "inputs", body.dimensions)
+    """One plan from the request (which outputs or chunks, what they cost), run, and the answer
+    assembled from the plan and its result."""
+    model = _encoder(ctx, body)
+    p = _plan(model, body)
+    out = await p.run(ctx.call)
+    if p.kind == "dense":
+        assert out.dense is not None
+        return ctx.respond({**_dense(model, out.dense), "tokens": out.tokens}, out.timings)
+    if p.kind == "chunks":
+        payload: dict[str, Any] = {
+            "model": model.name,
+            "dimensions": p.dimensions or p.embed.dimensions,
+            "tokens": out.tokens,
+            "chunks": [
+                [{"start": c.start, "stop": c.stop, "embedding": v} for c, v in chunks]
+                for chunks in out.chunks or []
+            ],
+        }
+        if out.dense is not None:
+            payload["embeddings"] = out.dense
+        return ctx.respond(payload, out.timings)
+    return await _outputs_answer(ctx, body, model, p.outputs, out)
+
+
+def _plan(model: Model, body: EncodeRequest) -> EncodePlan:
+    embed = model.embed
+    assert embed is not None
     how = Tokenizing(
         truncate=body.truncate, prompt_name=body.prompt_name, instruction=body.instruction
     )
+    chunking = None
     if body.chunking is not None or body.chunks is not None:
-        return await encode_chunks(ctx, body, model.name, pipe, [str(t) for t in texts], how)
-    out = await pipe.embed(ctx.call, texts, how, body.normalize, body.dimensions)
-    payload = {
-        "embeddings": out.vectors,
-        "model": model.name,
-        "dimensions": int(out.vectors.shape[1]),
-        "tokens": out.tokens,
-    }
-    return ctx.respond(payload, out.timings)
+        options = body.chunking or ChunkingOptions()
+        spans = per_input_spans(body.chunks) if body.chunks is not None else None
+        chunking = Chunking(options.strategy, options.size, options.overlap, spans, options.pool)
+    return plan(
+        embed,
+        model.outputs,
+        body.inputs,
+        how,
+        body.normalize,
+        body.dimensions,
+        body.outputs,
+        body.input_type,
+        chunking,
+    )
 
 
 async def tokenize_details(ctx: Context, body: TokenizeDetailsRequest) -> Response:
@@ -165,37 +191,6 @@ def per_input_spans(chunks: list[list[int]] | list[list[list[int]]]) -> list[lis
     return out
 
 
-async def encode_chunks(
-    ctx: Context,
-    body: EncodeRequest,
-    model: str,
-    pipe: EmbedPipeline,
-    texts: list[str],
-    how: Tokenizing,
-) -> Response:
-    """/encode with chunking: per input, its chunks' vectors (and the document's, with pool)."""
-    options = body.chunking or ChunkingOptions()
-    spans = per_input_spans(body.chunks) if body.chunks is not None else None
-    chunking = Chunking(options.strategy, options.size, options.overlap, spans, options.pool)
-    chunker = Chunker(pipe)
-    chunker.check(chunking, len(texts))
-    normalize = True if body.normalize is None else body.normalize  # chunk vectors: normalised
-    out = await chunker.run(ctx.call, texts, chunking, how, normalize, body.dimensions)
-    dimensions = body.dimensions or pipe.dimensions
-    payload: dict[str, object] = {
-        "model": model,
-        "dimensions": dimensions,
-        "tokens": out.tokens,
-        "chunks": [
-            [{"start": c.start, "stop": c.stop, "embedding": v} for c, v in chunks]
-            for chunks in out.chunks
-        ],
-    }
-    if out.pooled is not None:
-        payload["embeddings"] = out.pooled
-    return ctx.respond(payload, out.timings)
-
-
 # --- /encode's outputs: dense, sparse, multi_vector from one forward pass --------------------
 
 # An answer with more token-vector numbers than this is written on a worker thread.
@@ -210,31 +205,10 @@ def _encoder(ctx: Context, body: EncodeRequest) -> Model:
     return ctx.model(body.model, capability)
 
 
-async def encode_outputs(ctx: Context, body: EncodeRequest) -> Response:
-    if body.chunking is not None or body.chunks is not None:
-        raise InvalidInput(
-            "chunking answers a model's dense vectors: it takes neither outputs nor input_type, "
-            "nor a model without a dense output",
-            param="chunking",
-        )
-    model = _encoder(ctx, body)
-    embed = model.embed
-    assert embed is not None
-    how = Tokenizing(truncate=body.truncate, prompt_name=body.prompt_name)
-    pipe = model.outputs
-    if pipe is None:  # a dense-only model: its one output, in the role asked for
-        texts = embed.validate(body.inputs, "inputs", body.dimensions)
-        if body.input_type is not None and body.prompt_name is None:
-            how = replace(how, prompt_name=embed.prompt_for(body.input_type))
-        dense = await embed.embed(ctx.call, texts, how, body.normalize, body.dimensions)
-        answer = {"outputs": ["dense"], **_dense(model, dense.vectors), "tokens": dense.tokens}
-        return ctx.respond(answer, dense.timings)
-    outputs = pipe.check(body.outputs)
-    dimensions = body.dimensions if "dense" in outputs else None
-    texts = embed.validate(body.inputs, "inputs", dimensions)
-    out = await pipe.encode(
-        ctx.call, texts, outputs, how, body.input_type, body.normalize, dimensions
-    )
+async def _outputs_answer(
+    ctx: Context, body: EncodeRequest, model: Model, outputs: list[Output], out: Encoded
+) -> Response:
+    """The outputs asked for; token vectors (tens of MB) written off the event loop."""
     payload: dict[str, Any] = {"outputs": outputs, "model": model.name, "tokens": out.tokens}
     if out.dense is not None:
         payload |= _dense(model, out.dense)
@@ -251,9 +225,7 @@ async def encode_outputs(ctx: Context, body: EncodeRequest) -> Response:
     if sum(v.size for v in vectors) <= INLINE_NUMBERS:
         body_pieces = _with_vectors(payload, vectors, body.encoding_format)
     else:  # tens of MB of JSON: off the event loop
-        body_pieces = await ctx.call.offload(
-            _with_vectors, payload, vectors, body.encoding_format
-        )
+        body_pieces = await ctx.call.offload(_with_vectors, payload, vectors, body.encoding_format)
     size = sum(map(len, body_pieces))
     if size <= STREAM_BYTES:
         return Response(b"".join(body_pieces), media_type="application/json")
@@ -268,9 +240,7 @@ def _dense(model: Model, vectors: np.ndarray) -> dict[str, Any]:
     return {"embeddings": vectors, "model": model.name, "dimensions": int(vectors.shape[1])}
 
 
-def _with_vectors(
-    payload: dict[str, Any], vectors: list[np.ndarray], encoding: str
-) -> list[bytes]:
+def _with_vectors(payload: dict[str, Any], vectors: list[np.ndarray], encoding: str) -> list[bytes]:
     """The answer's JSON in pieces, its token vectors as arrays or compact (base64 float32)."""
     pieces: list[bytes] = [b"["]
     for i, v in enumerate(vectors):

@@ -42,6 +42,12 @@ class InvalidInput(HeadwiseError):
     status, kind = 422, "invalid_request_error"
 
 
+class EmptyBatch(HeadwiseError):
+    """A batch with nothing in it, where a dialect answers that apart (TEI: 400, Empty)."""
+
+    status, kind = 400, "empty"
+
+
 class RequestTimeout(HeadwiseError):
     status, kind = 408, "request_timeout"
 

@@ -168,7 +168,7 @@ ROUTES: tuple[Route, ...] = (
         ),
         capability="embed",
         lane=True,
-        discriminator=second_if(*voyage_schemas.EMBED_KEYS),
+        discriminator=voyage_schemas.is_voyage_embed,
         summary="OpenAI-compatible embeddings (and Voyage's, told apart by its fields)",
     ),
     Route(

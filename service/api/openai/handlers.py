@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from starlette.responses import Response
@@ -29,7 +30,14 @@ async def embeddings(ctx: Context, body: EmbeddingsRequest) -> Response:
     if (arrays := body.token_arrays()) is not None:
         inputs = await texts_from_token_ids(arrays, ctx.settings.openai_token_ids)
     texts = pipe.validate(inputs, "input", body.dimensions)
-    how = Tokenizing(prompt_name=body.prompt_name)
+    how = Tokenizing(
+        truncate=body.truncate != "NONE",
+        side="left" if body.truncate == "START" else "right",
+        prompt_name=body.prompt_name,
+    )
+    if body.input_type is not None and body.prompt_name is None:
+        role = "document" if body.input_type == "passage" else body.input_type
+        how = replace(how, prompt_name=pipe.prompt_for(role))
     out = await pipe.embed(ctx.call, texts, how, normalize=True, dimensions=body.dimensions)
     encode = b64 if body.encoding_format == "base64" else (lambda v: v)
     data = [

@@ -33,6 +33,16 @@ class EmbeddingsRequest(Compat):
     dimensions: CompatDimensions = None
     user: Text | None = None
     prompt_name: Text | None = None
+    input_type: Literal["query", "passage", "document"] | None = Field(
+        None,
+        description="the text's role, as NVIDIA's and other OpenAI-compatible clients send it: "
+        "the model's prompt for it (passage: its document prompt)",
+    )
+    truncate: Literal["NONE", "START", "END"] = Field(
+        "END",
+        description="NVIDIA's: cut an input past the model's length at its end (END) or start "
+        "(START), or refuse it (NONE: 413)",
+    )
 
     def token_arrays(self) -> list[list[int]] | None:
         inp = self.input

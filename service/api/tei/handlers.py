@@ -22,11 +22,17 @@ from service.api.tei.schemas import (
     TokenizeRequest,
     TruncationOptions,
 )
-from service.errors import InvalidInput
+from service.errors import EmptyBatch, InvalidInput
 from service.pipelines.base import as_list, check_ids, check_texts
 from service.pipelines.embed import Tokenizing
 from service.pipelines.outputs import sparse_entries
 from service.pipelines.score import ranked
+
+
+def _nonempty(values: object, name: str) -> None:
+    """TEI answers an empty batch 400 with its own error type, Empty."""
+    if isinstance(values, list) and not values:
+        raise EmptyBatch(f"`{name}` cannot be empty", param=name)
 
 
 def _how(options: TruncationOptions) -> Tokenizing:
@@ -34,6 +40,7 @@ def _how(options: TruncationOptions) -> Tokenizing:
 
 
 async def embed(ctx: Context, body: EmbedRequest) -> Response:
+    _nonempty(body.inputs, "inputs")
     pipe = ctx.model().embed
     assert pipe is not None
     inputs = pipe.validate(body.inputs, "inputs", body.dimensions)
@@ -43,6 +50,7 @@ async def embed(ctx: Context, body: EmbedRequest) -> Response:
 
 
 async def embed_all(ctx: Context, body: EmbedAllRequest) -> Response:
+    _nonempty(body.inputs, "inputs")
     pipe = ctx.model().embed
     assert pipe is not None
     inputs = pipe.validate(body.inputs, "inputs")
@@ -60,6 +68,7 @@ async def similarity(ctx: Context, body: SimilarityRequest) -> Response:
 
 
 async def rerank(ctx: Context, body: RerankRequest) -> Response:
+    _nonempty(body.texts, "texts")
     pipe = ctx.model(body.model, "rerank").score
     assert pipe is not None
     pipe.check(body.texts, "texts", ctx.settings.rerank_max_documents)
@@ -74,9 +83,10 @@ async def rerank(ctx: Context, body: RerankRequest) -> Response:
 
 
 async def predict(ctx: Context, body: PredictRequest) -> Response:
+    items, single = body.batch()
+    _nonempty(items, "inputs")
     pipe = ctx.model(body.model, "classify").score
     assert pipe is not None
-    items, single = body.batch()
     pipe.check(items, "inputs")
     out = await pipe.score(ctx.call, items, body.cut)
     probs = pipe.probabilities(out.logits, body.raw_scores)
@@ -147,6 +157,7 @@ def _byte_offsets(text: str) -> list[int]:
 
 
 async def tokenize(ctx: Context, body: TokenizeRequest) -> Response:
+    _nonempty(body.inputs, "inputs")
     """Each token with its id, text and span, as TEI answers (a list per input, always)."""
     model = ctx.model()
     texts = as_list(body.inputs, "inputs")
@@ -158,6 +169,7 @@ async def tokenize(ctx: Context, body: TokenizeRequest) -> Response:
 
 
 async def embed_sparse(ctx: Context, body: EmbedSparseRequest) -> Response:
+    _nonempty(body.inputs, "inputs")
     """Each input's nonzero weights by vocabulary id, sorted by index (SPLADE's vector, or
     bge-m3's lexical weights). A model without a sparse output: 400 naming the outputs."""
     pipe = ctx.model().outputs

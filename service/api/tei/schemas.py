@@ -103,7 +103,7 @@ class TokenizeRequest(Compat):
 
 class RerankRequest(TruncationOptions):
     query: Text
-    texts: Annotated[list[Text], Field(min_length=1)]
+    texts: list[Text]  # empty: TEI's 400 Empty, from the handler
     raw_scores: StrictBool = False
     return_text: StrictBool = False
     model: ModelName = None
@@ -123,6 +123,8 @@ def _predict_batch(value: Any) -> tuple[list[list[str]], bool]:
         for t in value:
             check_unicode(t, "the pair")
         return [value], True
+    if isinstance(value, list) and not value:
+        return [], False  # TEI's 400 Empty, from the handler
     if isinstance(value, list) and value:
         batch = []
         for i, item in enumerate(value):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt
 
@@ -11,6 +11,21 @@ from service.api.fields import Compat, CompatDimensions, ModelName, Text, Texts
 # The fields by which a body is Voyage's rather than its neighbour's on the same path.
 RERANK_KEYS = ("top_k", "truncation")
 EMBED_KEYS = ("input_type", "truncation", "output_dtype", "output_dimension")
+VOYAGE_ROLES = ("query", "document")
+
+
+def is_voyage_embed(body: Any) -> int:
+    """1 when a /v1/embeddings body is Voyage's, 0 when it is OpenAI's. Voyage's own fields say
+    so, but `input_type` alone does not: OpenAI-compatible clients (NVIDIA's, and others) add it
+    to OpenAI's request. A body that asks `encoding_format: "float"` (Voyage accepts only
+    base64 or none) or a role Voyage does not have ("passage") is OpenAI's."""
+    if not isinstance(body, dict) or not any(k in body for k in EMBED_KEYS):
+        return 0
+    if any(k in body for k in EMBED_KEYS if k != "input_type"):
+        return 1
+    if body.get("encoding_format") == "float":
+        return 0
+    return int(body.get("input_type") in (*VOYAGE_ROLES, None))
 
 
 class RerankRequest(Compat):

@@ -244,3 +244,26 @@ def test_every_4xx_is_logged_once_with_id_route_status_model_and_message(tei, ca
     rec = lines[0]
     assert (rec.route, rec.status, rec.model) == ("POST /encode", 422, "fake-embedder")
     assert "dimensions" in rec.getMessage()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/embed", {"inputs": []}, "inputs"),
+        ("/embed_all", {"inputs": []}, "inputs"),
+        ("/embed_sparse", {"inputs": []}, "inputs"),
+        ("/tokenize", {"inputs": []}, "inputs"),
+        ("/rerank", {"query": "q", "texts": []}, "texts"),
+        ("/predict", {"inputs": []}, "inputs"),
+    ],
+)
+def test_an_empty_batch_is_400_with_teis_empty_error_type(tei, fake, path, body, field):
+    """TEI's router: `inputs` (`texts`) cannot be empty, ErrorType::Empty, which it answers 400
+    (tests/reference/tei-openapi.json lists Empty among its error types); nothing is run."""
+    seen = len(fake.seen)
+    r = tei.post(path, json=body)
+    assert r.status_code == 400, r.text
+    check(r.json(), "ErrorResponse")
+    assert r.json() == {"error": f"`{field}` cannot be empty", "error_type": "Empty"}
+    assert len(fake.seen) == seen
+    assert tei.post("/embed", json={"inputs": "x"}).status_code == 200  # still 200 otherwise

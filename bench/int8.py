@@ -12,7 +12,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bench.baselines import padded, primary_output, session
-from export import quality
+from service.engine import quality
 from service.manifest import Manifest
 
 log = logging.getLogger("bench")

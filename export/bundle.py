@@ -30,13 +30,13 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
-from export import external, fused, optimize, outputs, quality, templates, verify
+from export import external, fused, optimize, outputs, templates, verify
 from export.onnx import OPSET, export_attention, export_serving, graph_inputs
 from models.outputs import MultiOutputEncoder
 from models.precision import float32_compute
 from models.weights import LoadedModel
 from service.bundle import MANIFEST, sha256_file
-from service.engine import memory
+from service.engine import memory, quality
 from service.manifest import (
     DataFile,
     FileEntry,

@@ -7,14 +7,14 @@ import logging
 import sys
 from pathlib import Path
 
-from export import quality, templates
+from export import templates
 from export.bundle import ExportOptions, build_bundle
 from export.optimize import FusionError
 from export.sources import resolve
 from export.verify import ParityError
 from models.output_weights import with_outputs
 from models.weights import WeightLoadError, load_pretrained
-from service.engine import memory
+from service.engine import memory, quality
 
 log = logging.getLogger("headwise.export")
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from export import quality, verify
+from export import verify
 from export.bundle import build_bundle
 from export.optimize import FusionError, check_fusion
 from service.bundle import load_bundle, sha256_file
+from service.engine import quality
 from tests.conftest import tiny_loaded
 
 

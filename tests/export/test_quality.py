@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from export import quality
+from service.engine import quality
 
 
 def unit(rows) -> np.ndarray:

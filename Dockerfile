@@ -8,7 +8,7 @@
 #
 #   export  python:3.11-slim + CPU torch + the exporter: `headwise export` as its entrypoint
 #   bundle  the export image run once at build time: MODEL (empty: the default model) -> /bundle
-#   cpu     python:3.11-slim + onnxruntime       + the bundle; no torch
+#   cpu     python:3.11-slim + onnxruntime + openvino + the bundle; no torch
 #   gpu     CUDA 13 / cuDNN 9 runtime + onnxruntime-gpu + the bundle; no torch
 #
 # The serving images serve /bundle, baked in from MODEL; a bundle mounted at run time (a volume

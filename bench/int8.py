@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -22,7 +23,13 @@ def interleaved_rates(
     graphs: list[Path], sequences: list[list[int]], batch_size: int = 32, rounds: int = 5
 ) -> tuple[list[float], list[np.ndarray]]:
     """Best texts/s of each graph on length-sorted batches, one round of each in turn."""
-    sessions = [session(g) for g in graphs]
+    return sessions_rates([session(g) for g in graphs], sequences, batch_size, rounds)
+
+
+def sessions_rates(
+    sessions: list[Any], sequences: list[list[int]], batch_size: int = 32, rounds: int = 5
+) -> tuple[list[float], list[np.ndarray]]:
+    """As interleaved_rates, for sessions already built (ONNX Runtime's or OpenVINO's)."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     feeds = [

@@ -11,15 +11,15 @@ from typing import Any
 
 
 def vector_flags() -> list[str]:
-    """The vector extensions the CPU has (/proc/cpuinfo, as lscpu names them): figures differ
-    between AVX2 and AVX-512 machines."""
+    """The vector and matrix extensions the CPU has (/proc/cpuinfo, as lscpu names them): figures
+    differ between AVX2, AVX-512 and AMX machines."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return []
     flags = re.search(r"^flags\s*:\s*(.+)$", text, flags=re.M)
     return sorted(
-        {f for f in (flags.group(1).split() if flags else []) if re.match(r"avx2$|avx512", f)}
+        {f for f in (flags.group(1).split() if flags else []) if re.match(r"avx2$|avx512|amx|avx_vnni", f)}
     )
 
 

@@ -6,7 +6,7 @@
 #
 #   docker/install.sh MODE PREFIX [--dry-run REPORT.json]
 #
-#   MODE     cpu     the service with onnxruntime (CPU build). No torch.
+#   MODE     cpu     the service with onnxruntime (CPU build) and OpenVINO. No torch.
 #            gpu     the service with onnxruntime-gpu (CUDA + cuDNN build). No torch.
 #            export  CPU torch, the exporter and the default model's files, to build a bundle.
 #   PREFIX   the virtualenv to create (reused when it exists).

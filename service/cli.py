@@ -35,6 +35,12 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--host", help="bind address (env HEADWISE_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (env HEADWISE_PORT, default 8000)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="env HEADWISE_DEVICE")
+    p.add_argument(
+        "--runtime", choices=["auto", "onnxruntime", "openvino"], help="env HEADWISE_RUNTIME"
+    )
+    p.add_argument(
+        "--precision", choices=["auto", "fp32", "fp16", "bf16", "int8"], help="env HEADWISE_PRECISION"
+    )
     return serve_command(p.parse_args(argv))
 
 

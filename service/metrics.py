@@ -113,7 +113,7 @@ class Metrics:
         self.info = Gauge(
             "headwise_model_info",
             "The served model and where it runs (value 1)",
-            ["model", "provider", "device", "precision", "version"],
+            ["model", "runtime", "provider", "device", "precision", "version"],
             registry=r,
         )
         self.ready = Gauge(

@@ -30,8 +30,21 @@ class Settings(BaseSettings):
         "auto",
         description="auto: CUDA when available, else CPU with a warning; cuda: refuse without it",
     )
-    precision: Literal["auto", "fp32", "fp16", "int8"] = Field(
-        "auto", description="auto: fp16 graph on CUDA when the bundle has one, fp32 on CPU"
+    runtime: Literal["auto", "onnxruntime", "openvino"] = Field(
+        "auto",
+        description="what runs the serving graph on a CPU: auto: OpenVINO in bf16 where the CPU "
+        "has bf16 units (amx_bf16, avx512_bf16), ONNX Runtime elsewhere; /info says which, why",
+    )
+    precision: Literal["auto", "fp32", "fp16", "bf16", "int8"] = Field(
+        "auto",
+        description="auto: fp16 graph on CUDA when the bundle has one, bf16 with OpenVINO on a "
+        "CPU with bf16 units, else fp32; bf16: OpenVINO on such a CPU only (refused elsewhere)",
+    )
+    precision_gate_pairs: int = Field(
+        500,
+        ge=50,
+        description="query -> document pairs (CPython's docstrings) on which a precision other "
+        "than fp32 on OpenVINO is judged at start against fp32: recall@10 and MRR within 0.5 point",
     )
     threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = one per core")
     spinning: bool = Field(True, description="let ORT threads spin between runs (one session only)")

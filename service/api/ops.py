@@ -13,6 +13,7 @@ from starlette.responses import Response
 from service import __version__
 from service.api.context import Context
 from service.api.tei.info import Info, tei_info
+from service.engine.cpu import detect
 from service.errors import InvalidInput
 from service.registry import Capability, Model
 from service.settings import Settings
@@ -61,6 +62,10 @@ def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
         "labels": m.labels,
         "outputs": model.served_outputs,
         "routes": routes,
+        "runtime": runtime.runtime,
+        "runtime_reason": runtime.reason,
+        # A precision below fp32 on OpenVINO: its retrieval against fp32, judged at start.
+        "runtime_quality": q.model_dump() if (q := getattr(model.backend, "quality", None)) else None,
         "providers": runtime.providers,
         "device": runtime.device,
         "graph": runtime.graph,
@@ -119,6 +124,9 @@ class ServedModel(BaseModel):
         default_factory=list, description="an embedding model's: dense, sparse, multi_vector"
     )
     routes: str
+    runtime: str = Field(description="onnxruntime or openvino: what runs the serving graph")
+    runtime_reason: str = Field(description="why this runtime and precision, on this CPU")
+    precision: str = Field(description="what computes: fp32, fp16, bf16, int8")
     tei: Info
 
 
@@ -144,6 +152,10 @@ class InfoResponse(Info):
     models: list[ServedModel]
     served_by: dict[str, str]
     attention_enabled: bool
+    cpu: dict[str, Any] = Field(
+        description="this CPU's model and the flags that choose a runtime (amx_*, avx512_bf16, "
+        "*vnni, avx512f, avx2)"
+    )
     limits: dict[str, float | int]
     capacity: dict[str, dict[str, SessionCost]] = Field(
         description="per model, per batcher: what admission prices a batch at"
@@ -180,6 +192,7 @@ async def info(ctx: Context, body: None = None) -> Response:
         for path in registry.routes_of(capability) if candidates else ():
             served_by.setdefault(path, candidates[0].name)
     first = next(m for m in models if m["name"] == chosen.name)
+    cpu = detect()
     payload = {
         **tei_info(chosen, s),  # TEI's Info fields: TEI clients read them
         "model": chosen.name,
@@ -187,6 +200,8 @@ async def info(ctx: Context, body: None = None) -> Response:
         "models": models,
         "served_by": served_by,
         "attention_enabled": s.attention_enabled,
+        # What chose each model's runtime and precision (models[].runtime_reason says how).
+        "cpu": {"model": cpu.model, "flags": cpu.shown, "bf16": cpu.bf16},
         "limits": limits(s),
         "memory": {"config": s.memory, **registry.memory()},
         # Each batcher's cost per batch (the batchers of one session share it): what

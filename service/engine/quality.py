@@ -78,7 +78,11 @@ def _docstring_pairs(stdlib: Path) -> dict[str, str]:
             if not doc or "\n\n" not in doc:
                 continue
             head, body = (" ".join(part.split()) for part in doc.split("\n\n", 1))
-            if 3 <= len(head.split()) <= 40 and 10 <= len(body.split()) <= 150 and ">>>" not in body:
+            if (
+                3 <= len(head.split()) <= 40
+                and 10 <= len(body.split()) <= 150
+                and ">>>" not in body
+            ):
                 pairs.setdefault(head, body)  # a repeated summary keeps its first body
     return pairs
 
@@ -240,3 +244,18 @@ class RetrievalGate:
         ok = within(q, self.max_drop, self.min_spearman)
         log.info("int8 gate %s: %s", "passed" if ok else "failed", summary(q))
         return ok
+
+
+def judge(
+    reference: Run, candidate: Run, tok: Tokenizer, inputs: list[str], pairs: Pairs
+) -> RetrievalQuality:
+    """`candidate`'s retrieval and similarity ranking against `reference`'s on `pairs`, both run
+    here (a served precision judged against the fp32 graph on the machine that serves it), held
+    to the default gate: at most MAX_DROP_POINTS of recall@10 and MRR, Spearman >= MIN_SPEARMAN."""
+
+    def both(run: Run) -> tuple[np.ndarray, np.ndarray]:
+        return embed(run, tok, pairs.queries, inputs), embed(run, tok, pairs.documents, inputs)
+
+    return measure(both(reference), both(candidate)).model_copy(
+        update={"max_drop_allowed": MAX_DROP_POINTS, "min_spearman_allowed": MIN_SPEARMAN}
+    )

@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from service.bundle import Bundle
+from service.engine import openvino_session, quality
+from service.engine.choice import Choice, Unservable, choose
+from service.engine.cpu import detect
+from service.engine.openvino_session import OpenVinoSession
 from service.engine.sessions import CPU, CUDA, build_session, run_options
-from service.manifest import GraphKey, Manifest
+from service.manifest import GraphKey, Manifest, RetrievalQuality
 from service.settings import Settings
 from service.tensors import Batch
 
@@ -36,7 +41,9 @@ class DeviceUnavailable(RuntimeError):
 class RuntimeInfo:
     providers: list[str]
     graph: GraphKey
-    precision: str
+    precision: str  # what computes: the graph's, or the one OpenVINO compiled it in
+    runtime: str = "onnxruntime"
+    reason: str = ""  # why this runtime and precision (service/engine/choice.py)
 
     @property
     def device(self) -> str:
@@ -113,14 +120,31 @@ class OnnxBackend:
         self._untruncated = Tokenizer.from_file(str(bundle.tokenizer_path))
         self._untruncated.no_truncation()
         providers = choose_providers(settings.device, ort.get_available_providers())
-        graph = choose_graph(bundle, settings.precision, providers[0] == CUDA)
+        try:
+            choice = choose(settings, detect(), providers[0] == CUDA, openvino_session.available())
+        except Unservable as exc:
+            raise DeviceUnavailable(str(exc)) from None
+        if choice.runtime == "openvino":
+            providers = [CPU]  # the attention graph stays on ONNX Runtime's CPU provider
+        graph = "encoder" if choice.runtime == "openvino" else choose_graph(
+            bundle, settings.precision, providers[0] == CUDA
+        )
         # Memory: the default ("shrink") hands the arena's regions back after every run, so RSS
         # follows the batch in flight, not the largest ever seen (bench/arena.py measures it).
         arena = settings.memory != "off"
         self._run_opts = run_options(settings.memory)
-        self.session = build_session(
-            bundle.graph_path(graph), providers, settings.threads, spin and settings.spinning, arena
-        )
+        self.session: Any = None
+        self.quality: RetrievalQuality | None = None  # a served precision's gate, when judged
+        if choice.runtime == "openvino":
+            self.session, choice = self._openvino(bundle.graph_path(graph), choice, settings)
+        if self.session is None:
+            self.session = build_session(
+                bundle.graph_path(graph),
+                providers,
+                settings.threads,
+                spin and settings.spinning,
+                arena,
+            )
         self._feeds = _inputs(self.session)
         outputs = [o.name for o in self.session.get_outputs()]
         self._primary = outputs[:1]  # ask for the pooled output only: no token copy per run
@@ -141,7 +165,10 @@ class OnnxBackend:
                 self.session = build_session(
                     bundle.graph_path(graph), used, settings.threads, spin and settings.spinning
                 )
-        self.info = RuntimeInfo(used, graph, self.manifest.graphs[graph].precision)
+        computes: str = self.manifest.graphs[graph].precision
+        if isinstance(self.session, OpenVinoSession):
+            computes = self.session.precision
+        self.info = RuntimeInfo(used, graph, computes, choice.runtime, choice.reason)
         self.inline = self.info.device == "cpu"
         self.measurable = True
         # The long lane: one thread, no spinning, run at the lowest CPU priority by its batcher,
@@ -153,16 +180,81 @@ class OnnxBackend:
         lane = settings.long_tokens
         if lane and self.manifest.max_length > lane and self.info.device == "cpu":
             self.long_tokens = lane
-            self.long_session = build_session(bundle.graph_path(graph), used, 1, False, arena)
+            if isinstance(self.session, OpenVinoSession):
+                self.long_session = OpenVinoSession(bundle.graph_path(graph), computes, threads=1)
+            else:
+                self.long_session = build_session(bundle.graph_path(graph), used, 1, False, arena)
         self.attention_session = None
         if settings.attention_enabled and bundle.has_graph("attention"):
             # Attention maps are fp32 on purpose: they are for looking at, not for speed.
             # Its threads never spin: an idle debug session must not steal the encoder's cores.
             # Few threads: a debug call must leave the cores to the encoder (attention_threads).
             self.attention_session = build_session(
-                bundle.graph_path("attention"), used, settings.attention_threads, False, arena
+                bundle.graph_path("attention"),
+                [CPU] if isinstance(self.session, OpenVinoSession) else used,
+                settings.attention_threads,
+                False,
+                arena,
             )
-        log.info("%s: serving %s (%s) on %s", self.manifest.name, graph, self.info.precision, used[0])
+        log.info(
+            "%s: serving %s (%s) on %s: %s",
+            self.manifest.name,
+            graph,
+            self.info.precision,
+            used[0],
+            self.info.reason,
+        )
+
+    def _openvino(
+        self, path: Path, choice: Choice, settings: Settings
+    ) -> tuple[OpenVinoSession | None, Choice]:
+        """The graph compiled by OpenVINO, once its outputs agree with ONNX Runtime's on a padded
+        probe batch; else None and ONNX Runtime, with the reason (a family whose fused ops
+        OpenVINO reads differently is served right, on the runtime it was exported for)."""
+        try:
+            session = OpenVinoSession(path, choice.precision, settings.threads)
+        except Exception as exc:  # OpenVINO raises RuntimeError and its own kinds
+            failed = f"OpenVINO cannot compile {path.name} ({str(exc).splitlines()[0][:200]})"
+        else:
+            if session.precision != choice.precision:
+                failed = f"OpenVINO compiled {path.name} in {session.precision}, not {choice.precision}"
+            else:
+                reference = build_session(path, [CPU], settings.threads)
+                probe = openvino_session.probe_batch(self.manifest)
+                why = openvino_session.disagreement(session, reference, probe, choice.precision)
+                if why is not None:
+                    failed = f"OpenVINO's {path.name} disagrees with ONNX Runtime's: {why}"
+                else:
+                    judged = self._judged(session, reference, choice, settings)
+                    if judged is None:
+                        return session, choice
+                    failed = judged
+        if settings.precision == "bf16":  # asked for: refused with the reason, not replaced
+            raise DeviceUnavailable(f"{self.manifest.name}: {failed}")
+        log.warning("%s: %s: serving on ONNX Runtime", self.manifest.name, failed)
+        return None, Choice("onnxruntime", "auto", f"{choice.reason}; but {failed}: ONNX Runtime")
+
+    def _judged(
+        self, session: OpenVinoSession, reference: Any, choice: Choice, settings: Settings
+    ) -> str | None:
+        """A precision below fp32 is served only when it keeps retrieval: an embedding model's
+        recall@10 and MRR on real query -> document pairs within 0.5 point of the fp32 graph's,
+        both run here (service/engine/quality.py). None: it does (figures in self.quality)."""
+        if choice.precision == "fp32" or self.manifest.task != "embed":
+            return None
+        pairs = quality.docstring_pairs("gate", limit=settings.precision_gate_pairs)
+        inputs = [i.name for i in reference.get_inputs()]
+        primary = [reference.get_outputs()[0].name]
+
+        def runner(s: Any) -> quality.Run:
+            return lambda feeds: np.asarray(s.run(primary, feeds)[0])
+
+        q = quality.judge(runner(reference), runner(session), self.tokenizer, inputs, pairs)
+        self.quality = q
+        verdict = quality.within(q, quality.MAX_DROP_POINTS, quality.MIN_SPEARMAN)
+        log.info("%s: %s %s the retrieval gate: %s", self.manifest.name, choice.precision,
+                 "passes" if verdict else "fails", quality.summary(q))
+        return None if verdict else f"{choice.precision} fails the retrieval gate ({quality.summary(q)})"
 
     def _tokenizer(self, direction: Side) -> Tokenizer:
         tok = Tokenizer.from_file(str(self.bundle.tokenizer_path))

@@ -47,7 +47,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     for model in registry:
         runtime = model.backend.info
         st.metrics.info.labels(
-            model.name, runtime.providers[0], runtime.device, runtime.precision, __version__
+            model.name,
+            runtime.runtime,
+            runtime.providers[0],
+            runtime.device,
+            runtime.precision,
+            __version__,
         ).set(1)
     registry.start()
     warm = asyncio.create_task(registry.warm(settings.warmup))

@@ -132,7 +132,8 @@ def check_bundles(settings: Settings) -> dict[ModelSpec, Bundle]:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    overrides = {k: v for k in ("host", "port", "device") if (v := getattr(args, k)) is not None}
+    names = ("host", "port", "device", "runtime", "precision")
+    overrides = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     if args.bundle:
         overrides["bundles"] = args.bundle
     settings = Settings(**overrides)

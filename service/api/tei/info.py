@@ -10,7 +10,7 @@ from service import __version__
 from service.registry import Model
 from service.settings import Settings
 
-PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
+PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
 
 
 def model_type(model: Model) -> dict[str, Any]:

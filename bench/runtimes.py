@@ -1,0 +1,168 @@
+"""python -m bench.runtimes --bundle B: each runtime and precision on the same model and corpus,
+in one run (service/engine/choice.py chooses among them).
+
+Per path (ONNX Runtime fp32, the bundle's int8 graph when it has one, OpenVINO fp32, OpenVINO
+bf16 where the CPU has bf16 units): the graph called directly on length-sorted batches of 32
+(rounds interleaved, so that a shared machine's noise falls on all alike), one short text's
+p50 latency, retrieval on the held-out query -> document pairs against ONNX Runtime fp32
+(recall@10, MRR), and a server started on that path (HEADWISE_RUNTIME, HEADWISE_PRECISION) over
+HTTP at 1 and 32 clients, one text a request. A path this CPU cannot run is listed with why.
+
+Writes bench/results/runtimes.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from bench import corpus
+from bench.baselines import single_call_times
+from bench.int8 import sessions_rates
+from bench.loadgen import build_requests, run_load
+from bench.results_io import machine, save
+from bench.server import launch
+from service.engine import quality
+from service.engine.cpu import detect
+from service.engine.openvino_session import OpenVinoSession, available
+from service.engine.sessions import build_session
+from service.manifest import Manifest
+
+log = logging.getLogger("bench")
+RESULTS = Path("bench/results")
+SHORT = "The cat sat on a warm mat."  # 11 tokens with MiniLM's tokenizer
+
+
+def paths(bundle: Path, manifest: Manifest) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (runtime, precision) paths to run here, and the ones skipped with why."""
+    run, skipped = [("onnxruntime", "fp32")], []
+    if "encoder_int8" in manifest.graphs:
+        run.append(("onnxruntime", "int8"))
+    if available() is None:
+        skipped.append("openvino: not installed")
+        return run, skipped
+    run.append(("openvino", "fp32"))
+    cpu = detect()
+    if cpu.bf16:
+        run.append(("openvino", "bf16"))
+    else:
+        skipped.append(f"openvino bf16: this CPU has no bf16 units ({cpu.describe()})")
+    return run, skipped
+
+
+def session(bundle: Path, manifest: Manifest, runtime: str, precision: str) -> Any:
+    if runtime == "openvino":
+        return OpenVinoSession(bundle / manifest.graphs["encoder"].file, precision)
+    key = "encoder_int8" if precision == "int8" else "encoder"
+    return build_session(bundle / manifest.graphs[key].file, threads=0, spin=True)
+
+
+def retrieval(sessions: list[Any], tok: Tokenizer, pairs: quality.Pairs) -> list[dict[str, float]]:
+    """recall@10 and MRR of each session, and the first's (ONNX Runtime fp32) for reference."""
+    def run(s: Any) -> quality.Run:
+        return lambda feeds: np.asarray(s.run(["sentence_embedding"], feeds)[0])
+
+    inputs = ["input_ids", "attention_mask"]
+    out = []
+    for s in sessions:
+        q = quality.judge(run(sessions[0]), run(s), tok, inputs, pairs)
+        out.append({"recall_at_10": q.recall_at_10, "mrr": q.mrr, "min_cosine": q.min_cosine})
+    return out
+
+
+def over_http(bundle: Path, runtime: str, precision: str, texts: list[str]) -> dict[str, Any]:
+    env = {"HEADWISE_RUNTIME": runtime, "HEADWISE_PRECISION": precision}
+    proc, url = launch(bundle, env=env, ready_s=300)
+    try:
+        out: dict[str, Any] = {}
+        for clients, total in ((1, 300), (32, 1500)):
+            requests = build_requests(url, "/encode", texts)
+            asyncio.run(run_load(url, requests, clients, 64))
+            r = asyncio.run(run_load(url, requests, clients, total))
+            out[str(clients)] = {
+                "texts_per_s": r.rps,
+                "p50_ms": r.percentile(50) * 1e3,
+                "errors": r.errors,
+            }
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bundle", type=Path, default=Path("bundles/default"))
+    p.add_argument("--pairs", type=int, default=1000, help="held-out pairs for retrieval")
+    p.add_argument("--no-http", action="store_true", help="the graph alone (no servers)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    manifest = Manifest.model_validate_json((args.bundle / "manifest.json").read_text())
+    tok = Tokenizer.from_file(str(args.bundle / "tokenizer.json"))
+    texts = corpus.sentences(512)
+    sequences = [e.ids for e in tok.encode_batch(texts)]
+    run, skipped = paths(args.bundle, manifest)
+    sessions = [session(args.bundle, manifest, r, pr) for r, pr in run]
+    rates, _ = sessions_rates(sessions, sequences)
+    short = tok.encode(SHORT).ids
+    p50 = [statistics.median(single_call_times(s, short, 300)) * 1e3 for s in sessions]
+    quality_rows = retrieval(sessions, tok, quality.docstring_pairs("holdout", limit=args.pairs))
+    rows = []
+    for k, (runtime, precision) in enumerate(run):
+        row: dict[str, Any] = {
+            "runtime": runtime,
+            "precision": precision,
+            "graph_texts_per_s": rates[k],
+            "graph_vs_ort_fp32": rates[k] / rates[0],
+            "short_p50_ms": p50[k],
+            **quality_rows[k],
+        }
+        if not args.no_http:  # a server per path, one at a time (its own process)
+            row["http"] = over_http(args.bundle, runtime, precision, texts)
+        rows.append(row)
+    cpu = detect()
+    results = {
+        "machine": {**machine(), "cpu_model": cpu.model, "cpu_shown": cpu.shown},
+        "bundle": manifest.name,
+        "rows": rows,
+        "skipped": skipped,
+    }
+    save(args.out, "runtimes", results, report(results))
+
+
+def report(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [
+        "# Runtimes and precisions on this CPU",
+        "",
+        f"{m['cpus']} cores, {m['cpu_model']}, flags: {', '.join(m['cpu_shown']) or 'none'}; "
+        f"{m['when']}; {results['bundle']}, 512 sentences, batches of 32.",
+        "",
+        "| runtime | precision | graph texts/s | vs ORT fp32 | one text p50 (graph) | recall@10 | MRR "
+        "| HTTP 1 client | HTTP 32 clients | HTTP 32 / graph |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in results["rows"]:
+        http = r.get("http")
+        one = f"{http['1']['texts_per_s']:.0f}/s, p50 {http['1']['p50_ms']:.2f} ms" if http else "-"
+        many = f"{http['32']['texts_per_s']:.0f}/s" if http else "-"
+        ratio = f"{http['32']['texts_per_s'] / r['graph_texts_per_s']:.2f}x" if http else "-"
+        lines.append(
+            f"| {r['runtime']} | {r['precision']} | {r['graph_texts_per_s']:.0f} | "
+            f"{r['graph_vs_ort_fp32']:.2f}x | {r['short_p50_ms']:.2f} ms | {r['recall_at_10']:.1f} "
+            f"| {r['mrr']:.1f} | {one} | {many} | {ratio} |"
+        )
+    lines += ["", *(f"Not run: {s}." for s in results["skipped"]), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

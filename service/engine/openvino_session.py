@@ -1,0 +1,164 @@
+"""OpenVINO behind the part of ONNX Runtime's session that the backend calls: a second session
+factory for the same bundle graph (../shared/STYLE.md 24), not a second backend.
+
+OpenVINO's CPU plugin reads the bundle's fused ONNX graph as it is (its frontend knows ONNX
+Runtime's `com.microsoft` fused ops: Attention, EmbedLayerNormalization, SkipLayerNormalization,
+BiasGelu) and compiles it for this CPU: in bf16 on AMX or AVX-512-BF16 units when asked
+(`INFERENCE_PRECISION_HINT`), else in fp32. On a CPU without bf16 units it compiles fp32 even when
+bf16 is asked, so the precision a session reports is the compiled model's own, read back after
+compiling, never the one asked for.
+
+One compiled model, one infer request per calling thread (a batcher's inference thread, the long
+lane's, warm-up's): a request's output buffers are reused by its next run, so each output asked
+for is copied out, and only those (the graph computes the token states too; copying them on
+every run would cost megabytes a batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.manifest import Manifest
+from service.tensors import Batch
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "OpenVINO CPU"
+PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # headwise's names -> OpenVINO's hint
+
+
+def available() -> str | None:
+    """OpenVINO's version when it can be imported here, else None."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return str(openvino.get_version()).split("-")[0]
+
+
+def bf16_capable() -> bool:
+    """OpenVINO's own reading of this CPU: can it compute bf16 (its BF16 capability)?"""
+    import openvino
+
+    caps = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return "BF16" in caps
+
+
+@dataclass(frozen=True)
+class Port:
+    """What the backend reads of a session's input or output: its name."""
+
+    name: str
+
+
+class OpenVinoSession:
+    def __init__(self, path: Path | str, precision: str = "fp32", threads: int = 0) -> None:
+        """precision: fp32 or bf16 (asked; `precision` is what was compiled). threads: 0 = the
+        plugin's choice (every core), else that many (the long lane's one)."""
+        import openvino
+
+        core = openvino.Core()
+        model = core.read_model(str(path))
+        config: dict[str, Any] = {
+            # One stream with every thread: the batcher runs one batch at a time per session.
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
+        }
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = threads
+        self.compiled = core.compile_model(model, "CPU", config)
+        compiled = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        self.precision = "bf16" if "bf16" in compiled else "fp32"
+        self._inputs = [Port(p.get_any_name()) for p in self.compiled.inputs]
+        self._outputs = [Port(p.get_any_name()) for p in self.compiled.outputs]
+        self._local = threading.local()
+
+    def get_inputs(self) -> list[Port]:
+        return self._inputs
+
+    def get_outputs(self) -> list[Port]:
+        return self._outputs
+
+    def get_providers(self) -> list[str]:
+        return [PROVIDER]
+
+    def _request(self) -> Any:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self.compiled.create_infer_request()
+        return request
+
+    def run(
+        self, names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None
+    ) -> list[np.ndarray]:
+        """ONNX Runtime's `run`: the named outputs (None: all), each copied out of the request."""
+        result = self._request().infer(feeds, share_inputs=True, share_outputs=True)
+        wanted = names if names is not None else [o.name for o in self._outputs]
+        return [np.array(result[name], copy=True) for name in wanted]
+
+
+# --- Agreement with ONNX Runtime, checked before a graph is served on OpenVINO ------------------
+
+# The worst a row may differ from ONNX Runtime's: vectors by cosine, scores (one number a row)
+# by their largest difference relative to the largest score. fp32 differs by summation order
+# only; bf16 by its 8-bit mantissa (the issue's bound: embeddings at cosine 0.999).
+MIN_COSINE = {"fp32": 0.99999, "bf16": 0.999}
+MAX_SCORE_DIFF = {"fp32": 1e-3, "bf16": 3e-2}
+
+
+def probe_batch(manifest: Manifest) -> Batch:
+    """Sequences of several lengths (the longest up to 160 tokens: past a ModernBERT's local
+    window of 128), so that the others are padded: where a runtime's masking would differ."""
+    specials = manifest.special_tokens
+    rng = np.random.default_rng(0)
+    low = max(specials.cls or 0, specials.sep or 0, specials.pad) + 1
+    high = manifest.vocab_size
+    lengths = [min(manifest.max_length, 160), 7, 33, 2]
+    sequences = []
+    for n in lengths:
+        ids = rng.integers(low, high, size=n).tolist()
+        if specials.cls is not None and n > 2:
+            ids[0] = specials.cls
+        if specials.sep is not None and n > 2:
+            ids[-1] = specials.sep
+        sequences.append(ids)
+    return Batch.of(sequences, specials.pad)
+
+
+def disagreement(
+    session: OpenVinoSession, reference: Any, batch: Batch, precision: str
+) -> str | None:
+    """None when every output of `session` agrees with `reference` (an ONNX Runtime session of
+    the same graph) on `batch`, else which output differs and by how much."""
+    names = [o.name for o in reference.get_outputs()]
+    feeds = batch.feeds([i.name for i in reference.get_inputs()])
+    want = reference.run(names, feeds)
+    got = session.run(names, feeds)
+    real = batch.attention_mask.astype(bool)
+    for name, a, b in zip(names, got, want, strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if a.shape != b.shape:
+            return f"{name} has shape {a.shape}, ONNX Runtime's {b.shape}"
+        if a.ndim == 3:  # token states: the real tokens' rows
+            a, b = a[real], b[real]
+        a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
+        if a.shape[1] == 1:
+            diff = float(np.abs(a - b).max() / max(1.0, float(np.abs(b).max())))
+            if not diff <= MAX_SCORE_DIFF[precision]:
+                return f"{name} differs from ONNX Runtime's by {diff:.2g} of its largest value"
+            continue
+        norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+        live = norms > 0
+        cos = (a * b).sum(1)[live] / norms[live]
+        worst = float(cos.min()) if cos.size else 1.0
+        if not worst >= MIN_COSINE[precision]:
+            return (
+                f"{name} at cosine {worst:.5f} to ONNX Runtime's (at least {MIN_COSINE[precision]})"
+            )
+    return None

@@ -1,0 +1,38 @@
+"""bench.runtimes runs end to end (the graph on every path this CPU has; servers are left to
+`make bench`): it must not rot, and its rows must say what ran and what could not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from service.engine.cpu import detect
+
+pytestmark = pytest.mark.slow
+
+
+def test_runtimes_bench_measures_each_path_this_cpu_has(tiny_bundle, tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "bench.runtimes", "--bundle", str(tiny_bundle),
+            "--pairs", "100", "--no-http", "--out", str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "runtimes.json").read_text())
+    paths = [(r["runtime"], r["precision"]) for r in result["rows"]]
+    assert paths[0] == ("onnxruntime", "fp32") and ("openvino", "fp32") in paths
+    assert ("onnxruntime", "int8") in paths  # the tiny bundle has an int8 graph
+    assert (("openvino", "bf16") in paths) == detect().bf16
+    assert all(r["graph_texts_per_s"] > 0 and r["short_p50_ms"] > 0 for r in result["rows"])
+    ov = result["rows"][paths.index(("openvino", "fp32"))]
+    assert ov["min_cosine"] > 0.9999  # fp32 on either runtime: the same vectors
+    if not detect().bf16:
+        assert any("no bf16 units" in s for s in result["skipped"])
+    assert "| openvino | fp32 |" in done.stdout

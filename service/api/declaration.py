@@ -167,6 +167,11 @@ class Route:
 _PARAM = re.compile(r"{[^}]+}")
 
 
+def _stem(path: str) -> str:
+    """A templated path's fixed start: /v2/models/ of /v2/models/{name:path}/infer."""
+    return path[: path.index("{")]
+
+
 class RouteTable:
     """The declaration, indexed: by path (exact or templated), by capability."""
 
@@ -209,8 +214,14 @@ class RouteTable:
         return next((r for r in self.at(path) if r.method == method), None)
 
     def dialect(self, path: str) -> Dialect:
+        """The dialect of the route at this path; for a path no route matches, that of the
+        templated route whose fixed start it shares (a model name no template takes, under
+        /v2/models/, is still answered in the protocol's shape), else the default."""
         routes = self.at(path)
-        return routes[0].dialect if routes else self.default
+        if routes:
+            return routes[0].dialect
+        under = [r for r in self.routes if _PARAM.search(r.path) and path.startswith(_stem(r.path))]
+        return max(under, key=lambda r: len(_stem(r.path))).dialect if under else self.default
 
     def is_open(self, path: str) -> bool:
         routes = self.at(path)

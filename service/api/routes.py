@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from service.api import cohere, infinity, mixedbread, native, openai, ops, tei, voyage
+from service.api import cohere, infinity, mixedbread, native, oip, openai, ops, tei, voyage
 from service.api.cohere import handlers as cohere_handlers
 from service.api.cohere import schemas as cohere_schemas
 from service.api.declaration import Route, RouteTable, Variant, merged
@@ -22,6 +22,8 @@ from service.api.mixedbread import handlers as mixedbread_handlers
 from service.api.mixedbread import schemas as mixedbread_schemas
 from service.api.native import handlers as native_handlers
 from service.api.native import schemas as native_schemas
+from service.api.oip import handlers as oip_handlers
+from service.api.oip import schemas as oip_schemas
 from service.api.openai import handlers as openai_handlers
 from service.api.openai import schemas as openai_schemas
 from service.api.tei import handlers as tei_handlers
@@ -31,7 +33,7 @@ from service.api.voyage import handlers as voyage_handlers
 from service.api.voyage import schemas as voyage_schemas
 
 HEADWISE, OPENAI, TEI, COHERE = native.DIALECT, openai.DIALECT, tei.DIALECT, cohere.DIALECT
-INFINITY, MIXEDBREAD = infinity.DIALECT, mixedbread.DIALECT
+INFINITY, MIXEDBREAD, OIP = infinity.DIALECT, mixedbread.DIALECT, oip.DIALECT
 # Paths two vendors share: errors carry both vendors' fields.
 COHERE_VOYAGE = merged("cohere", COHERE.tag, COHERE, voyage.DIALECT)
 OPENAI_VOYAGE = merged("openai", OPENAI.tag, OPENAI, voyage.DIALECT)
@@ -44,6 +46,40 @@ def one(request: object, handler: object, response: object) -> tuple[Variant, ..
 def second_if(*keys: str) -> Callable[[Any], int]:
     """Picks the second variant when the raw body has any of these fields."""
     return lambda body: int(any(k in body for k in keys))
+
+
+def oip_ready(path: str) -> Route:
+    return Route(
+        path,
+        OIP,
+        one(None, oip_handlers.model_ready, oip_schemas.ModelReady),
+        method="GET",
+        ready=False,
+        errors=(404, 503),
+        summary="A model's readiness: 200 once loaded and warm, 503 before",
+    )
+
+
+def oip_infer(path: str) -> Route:
+    return Route(
+        path,
+        OIP,
+        one(None, oip_handlers.infer, oip_schemas.InferResponse),
+        ready=True,
+        summary="Inference on tensors: JSON, or Triton's binary tensor extension "
+        "(Inference-Header-Content-Length), both ways",
+    )
+
+
+def oip_metadata(path: str) -> Route:
+    return Route(
+        path,
+        OIP,
+        one(None, oip_handlers.model_metadata, oip_schemas.ModelMetadata),
+        method="GET",
+        errors=(404,),
+        summary="A model's metadata: its inputs and outputs, named and typed by task",
+    )
 
 
 ROUTES: tuple[Route, ...] = (
@@ -134,6 +170,21 @@ ROUTES: tuple[Route, ...] = (
         documented=False,
         errors=(503,),
     ),
+    # --- the Open Inference Protocol v2 (KServe v2, Triton): every model by its name ---------
+    Route(
+        "/v2",
+        OIP,
+        one(None, oip_handlers.server_metadata, oip_schemas.ServerMetadata),
+        method="GET",
+        summary="Server metadata: name, version, extensions (binary_tensor_data)",
+    ),
+    # Versioned paths first: a model's name may hold slashes, and {name:path} takes them.
+    oip_ready("/v2/models/{name:path}/versions/{version}/ready"),
+    oip_infer("/v2/models/{name:path}/versions/{version}/infer"),
+    oip_metadata("/v2/models/{name:path}/versions/{version}"),
+    oip_ready("/v2/models/{name:path}/ready"),
+    oip_infer("/v2/models/{name:path}/infer"),
+    oip_metadata("/v2/models/{name:path}"),
     Route(
         "/metrics",
         HEADWISE,

@@ -24,6 +24,12 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object a line")
     access_log: bool = Field(False, description="log one line per request (method, path, status, ms)")
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OpenTelemetry: send a trace span per request (tokenize, queue, inference "
+        "under it; the caller's traceparent honoured) to this OTLP/HTTP collector, e.g. "
+        "http://collector:4318; unset: no tracing",
+    )
 
     # Runtime
     device: Literal["auto", "cpu", "cuda"] = Field(

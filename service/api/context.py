@@ -49,12 +49,17 @@ class Context:
                 [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
             ) from None
 
+    def timed(self, timings: Timings) -> None:
+        """The request's stage times: its timing headers, and its trace's child spans."""
+        self.request.state.timing_headers = timings.headers()
+        self.request.state.timings = timings
+
     def respond(self, payload: Any, timings: Timings | None = None, status: int = 200) -> Response:
         """orjson for the body (numpy arrays included); timing headers when there were any.
         A client that went away gets nothing written (serialising a large answer costs)."""
         if self.call.gone:
             raise Disconnected()
         if timings is not None:
-            self.request.state.timing_headers = timings.headers()
+            self.timed(timings)
         body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
         return Response(body, status_code=status, media_type="application/json")

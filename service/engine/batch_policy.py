@@ -20,6 +20,8 @@ class Item:
     mask: Sequence[int] | None = None  # its own attention mask (0 = left out); None: all ones
     started: float = 0.0  # when its batch began inference
     inference_s: float = 0.0
+    batch_size: int = 0  # its batch's texts and padded tokens (traces)
+    batch_tokens: int = 0
 
     @property
     def length(self) -> int:

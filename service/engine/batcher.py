@@ -332,5 +332,6 @@ class DynamicBatcher:
                 self._observer.capacity(self.cost, self.policy)
         for it, row in zip(batch, out, strict=True):
             it.inference_s = seconds
+            it.batch_size, it.batch_tokens = len(batch), int(padded.input_ids.size)
             if not it.future.done():
                 it.future.set_result(row)

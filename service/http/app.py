@@ -24,6 +24,7 @@ from service.http.errors import Answers
 from service.http.lane import Lane
 from service.http.middleware import HeadwiseMiddleware
 from service.http.routing import mount
+from service.http.tracing import Tracing
 from service.metrics import Metrics
 from service.registry import Loader, ModelSpec, Registry
 from service.settings import Settings
@@ -63,6 +64,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         trimmer.cancel()
         warm.cancel()
         await registry.stop()
+        if st.tracing is not None:
+            await asyncio.to_thread(st.tracing.shutdown)  # the last spans exported
         log.info("stopped; all accepted requests answered")
 
 
@@ -104,6 +107,7 @@ def create_app(
             expose_headers=["x-request-id", "x-queue-time", "x-inference-time", "x-total-time"],
         )
     api_key = settings.api_key.get_secret_value() if settings.api_key else None
+    st.tracing = Tracing(settings.otlp_endpoint) if settings.otlp_endpoint else None
     app.add_middleware(
         HeadwiseMiddleware,
         table=table,
@@ -113,5 +117,6 @@ def create_app(
         api_key=api_key,
         body_timeout_s=settings.body_timeout_s,
         access_log=settings.access_log,
+        tracing=st.tracing,
     )
     return app

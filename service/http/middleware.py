@@ -28,6 +28,7 @@ from service.http.asgi import ASGIApp, Message, Receive, Scope, Send, content_ty
 from service.http.errors import Answers
 from service.http.protocol import OVERLOADED
 from service.http.routing import ARRIVED
+from service.http.tracing import Tracing, wall_ns
 from service.metrics import Metrics
 
 access = logging.getLogger("headwise.access")
@@ -60,8 +61,10 @@ class HeadwiseMiddleware:
         api_key: str | None,
         body_timeout_s: float = 10.0,
         access_log: bool = False,
+        tracing: Tracing | None = None,
     ) -> None:
         self.app = app
+        self.tracing = tracing
         self.table = table
         self.answers = answers
         self.access_log = access_log
@@ -94,6 +97,10 @@ class HeadwiseMiddleware:
         state["request_id"] = request_id
         endpoint = self.table.label(scope["path"])
         status_seen = [500]
+        span = None
+        if self.tracing is not None:
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            span = self.tracing.start(scope["method"], endpoint, scope["path"], headers)
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -152,6 +159,11 @@ class HeadwiseMiddleware:
             seconds = time.monotonic() - started
             self.metrics.requests.labels(endpoint, model, str(status_seen[0])).inc()
             self.metrics.request_duration.labels(endpoint, model).observe(seconds)
+            if span is not None and self.tracing is not None:
+                arrived = state.get(ARRIVED)
+                self.tracing.finish(
+                    span, status_seen[0], state, wall_ns(arrived) if arrived else None
+                )
             if self.access_log:
                 access.info(
                     "%s %s %d %.1fms%s id=%s",

@@ -231,6 +231,10 @@ def _add(timings: Timings, items: Sequence[Item]) -> None:
     """A piece's wait and run, added to the request's (its items wait and run together)."""
     timings.queue_s += max(it.queue_s for it in items)
     timings.inference_s += max(it.inference_s for it in items)
+    timings.tokens += sum(it.length for it in items)
+    timings.batches += len({it.started for it in items})  # a batch's items start together
+    timings.batch_size = max(timings.batch_size, *(it.batch_size for it in items))
+    timings.batch_tokens = max(timings.batch_tokens, *(it.batch_tokens for it in items))
 
 
 # --- Checks every pipeline makes on what a client sends ------------------------------------

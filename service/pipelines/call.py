@@ -62,6 +62,11 @@ class Timings:
     tokenization_s: float = 0.0
     queue_s: float = 0.0
     inference_s: float = 0.0
+    # For traces: the request's own tokens, and the batches that ran them (the largest).
+    tokens: int = 0
+    batches: int = 0
+    batch_size: int = 0
+    batch_tokens: int = 0  # padded
 
     def headers(self) -> dict[str, str]:
         return {

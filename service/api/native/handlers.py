@@ -114,7 +114,7 @@ async def attention(ctx: Context, body: AttentionRequest) -> Response:
         encoding=body.encoding_format,
     )
     out = await pipe.run(ctx.call, query)
-    ctx.request.state.timing_headers = out.timings.headers()
+    ctx.timed(out.timings)
     size = sum(map(len, out.body))
     if size <= STREAM_BYTES:
         return Response(b"".join(out.body), media_type=out.media_type)
@@ -221,7 +221,7 @@ async def _outputs_answer(
     vectors = out.multi_vector
     if vectors is None:
         return ctx.respond(payload, out.timings)
-    ctx.request.state.timing_headers = out.timings.headers()
+    ctx.timed(out.timings)
     if sum(v.size for v in vectors) <= INLINE_NUMBERS:
         body_pieces = _with_vectors(payload, vectors, body.encoding_format)
     else:  # tens of MB of JSON: off the event loop

@@ -9,6 +9,7 @@ reads as having none of them: fp32 is served, as everywhere without bf16 units.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,9 @@ def parse(text: str) -> Cpu:
     return Cpu(model or "unknown", flags)
 
 
+@functools.cache
 def detect(path: Path = CPUINFO) -> Cpu:
+    """Read once per process: /info asks on every call, and the flags do not change."""
     try:
         return parse(path.read_text(encoding="utf-8", errors="replace"))
     except OSError:

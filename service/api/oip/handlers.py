@@ -172,8 +172,7 @@ RUNS = {"embed": _embed, "rerank": _rerank, "classify": _classify}
 
 
 async def infer(ctx: Context, body: None = None) -> Response:
-    model = _model(ctx)
-    ctx.registry.require_ready()
+    model = _model(ctx)  # readiness: its route is declared ready=True, dispatch checks it
     raw = await ctx.request.body()
     length = ctx.request.headers.get(tensors.HEADER)
     if length is not None and not length.isdigit():

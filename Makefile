@@ -10,7 +10,7 @@ TEST_STAMP  := $(VENV)/.test-deps-done
 BENCH_STAMP := $(VENV)/.bench-deps-done
 SOURCES := $(shell find models export -name '*.py')
 
-.PHONY: setup serve test test-fast bundle lint bench soak gpu-check gpu-check-dry system-deps clean \
+.PHONY: protos setup serve test test-fast bundle lint bench soak gpu-check gpu-check-dry system-deps clean \
 	image-deps image-test image-test-export image-test-gpu compose-test image-clean
 
 setup: $(SETUP_STAMP)
@@ -60,6 +60,10 @@ lint: $(TEST_STAMP)
 
 # Debian packages some tests drive for real: headless Chromium (the attention viewer) and
 # Prometheus (a real scrape). Without them those tests skip and say so.
+# The gRPC code generated from service/rpc/protos (committed; rerun after changing a proto).
+protos:
+	service/rpc/protos/generate.sh
+
 system-deps:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus

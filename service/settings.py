@@ -21,6 +21,14 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="gRPC on this port too (Triton's is 8001), in the same process and batchers: "
+        "the Open Inference Protocol's GRPCInferenceService and TEI's tei.v1 services, health "
+        "and reflection; unset: HTTP only (0: any free port, for tests)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object a line")
     access_log: bool = Field(False, description="log one line per request (method, path, status, ms)")

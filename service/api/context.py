@@ -1,9 +1,15 @@
 """What a handler gets besides its body: the request, the served models, the call (deadline and
-client), and the two things every handler does with them (pick a model, answer in JSON)."""
+client), and the two things every handler does with them (pick a model, answer in JSON).
+
+The same context serves gRPC (service/rpc): there is no HTTP request then, and what the
+handler records for the request's metrics and trace (`state`: the model, the stage timings)
+goes to the RPC's own state. Only HTTP routes read `http` (path and query parameters, the
+raw body)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import orjson
@@ -22,10 +28,22 @@ M = TypeVar("M", bound=BaseModel)
 
 @dataclass
 class Context:
-    request: Request
+    request: Request | None  # None: a gRPC call
     registry: Registry
     call: Call
     capability: Capability | None = None  # the route's
+    state: Any = None  # the request's state: the HTTP request's, or the RPC's
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            self.state = self.request.state if self.request is not None else SimpleNamespace()
+
+    @property
+    def http(self) -> Request:
+        """The HTTP request (only HTTP routes' handlers ask)."""
+        if self.request is None:
+            raise RuntimeError("an HTTP handler was called without its HTTP request")
+        return self.request
 
     @property
     def settings(self) -> Settings:
@@ -36,14 +54,14 @@ class Context:
         labelled with it."""
         wanted = capability or self.capability or "tokenize"
         model = self.registry.pick(name, wanted)
-        self.request.state.model = model.name
+        self.state.model = model.name
         return model
 
     async def parse(self, kind: type[M]) -> M:
         """The JSON body as `kind`, for a route whose body type is known only at run time;
         a body that does not validate is refused as any other (one renderer)."""
         try:
-            return kind.model_validate_json(await self.request.body())
+            return kind.model_validate_json(await self.http.body())
         except ValidationError as exc:
             raise RequestValidationError(
                 [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
@@ -51,8 +69,8 @@ class Context:
 
     def timed(self, timings: Timings) -> None:
         """The request's stage times: its timing headers, and its trace's child spans."""
-        self.request.state.timing_headers = timings.headers()
-        self.request.state.timings = timings
+        self.state.timing_headers = timings.headers()
+        self.state.timings = timings
 
     def respond(self, payload: Any, timings: Timings | None = None, status: int = 200) -> Response:
         """orjson for the body (numpy arrays included); timing headers when there were any.

@@ -165,7 +165,7 @@ class InfoResponse(Info):
 
 def _chosen(ctx: Context) -> Model:
     """`?model=NAME`, or `?route=PATH` (the model that answers it), else the first model."""
-    params = ctx.request.query_params
+    params = ctx.http.query_params
     registry = ctx.registry
     if (name := params.get("model")) is not None:
         if name not in registry.models:

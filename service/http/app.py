@@ -56,6 +56,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             __version__,
         ).set(1)
     registry.start()
+    rpc = None
+    if settings.grpc_port is not None:
+        from service.rpc.server import RpcServer  # grpcio loads only when gRPC is asked for
+
+        rpc = RpcServer(registry, st.metrics, st.tracing)
+        await rpc.start()
+        st.grpc_port = rpc.port
     warm = asyncio.create_task(registry.warm(settings.warmup))
     trimmer = asyncio.create_task(Trimmer(registry.activity).run())
     try:
@@ -63,6 +70,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         trimmer.cancel()
         warm.cancel()
+        if rpc is not None:
+            await rpc.stop()
         await registry.stop()
         if st.tracing is not None:
             await asyncio.to_thread(st.tracing.shutdown)  # the last spans exported

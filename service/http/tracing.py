@@ -62,6 +62,17 @@ class Tracing:
             },
         )
 
+    def start_rpc(self, method: str, metadata: Mapping[str, str]) -> Any:
+        """A gRPC call's span (method: "/tei.v1.Embed/Embed"), named and described as
+        OpenTelemetry's RPC conventions say, under the caller's trace (`traceparent` metadata)."""
+        service, _, name = method.lstrip("/").partition("/")
+        return self.tracer.start_span(
+            f"{service}/{name}",
+            context=self.propagator.extract(carrier=dict(metadata)),
+            kind=self._server,
+            attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+        )
+
     def finish(
         self,
         span: Any,

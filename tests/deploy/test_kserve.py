@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from service.api.routes import TABLE
+from service.settings import Settings
 from tests.deploy.conftest import DOCKER, ROOT, exposed_metric_names, load_all_yaml
 
 KSERVE = DOCKER / "kserve"
@@ -88,13 +89,15 @@ def test_the_check_refuses_what_kserve_would_prune_or_reject():
 
 def test_the_runtime_claims_the_protocols_headwise_serves_on_its_port():
     spec = runtime()["spec"]
-    assert spec["protocolVersions"] == ["v2"]  # REST: no grpc-v2 until gRPC is served
+    assert spec["protocolVersions"] == ["v2", "grpc-v2"]
     assert TABLE.match("POST", "/v2/models/some/model/infer") is not None
     assert TABLE.match("GET", "/v2/models/some/model/ready") is not None
     (container,) = spec["containers"]
     assert container["name"] == "kserve-container"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["HEADWISE_PORT"] == "8080" and env["HEADWISE_HOST"] == "0.0.0.0"
+    assert env["HEADWISE_GRPC_PORT"] == "9000"  # KServe's gRPC port (Triton's runtime's too)
+    assert Settings(grpc_port=env["HEADWISE_GRPC_PORT"]).grpc_port == 9000
     assert [p["containerPort"] for p in container["ports"]] == [8080]
     for probe in ("readinessProbe", "livenessProbe"):
         get = container[probe]["httpGet"]

@@ -30,18 +30,21 @@ EXTENSIONS = ["binary_tensor_data"]
 VERSION = "1"  # every model has one version
 
 
-def _model(ctx: Context) -> Model:
-    params = ctx.request.path_params
-    name = params["name"]
+def find(ctx: Context, name: str, version: str | None) -> Model:
+    """The model by its name (and version, when given), as HTTP and gRPC name it."""
     model = ctx.registry.models.get(name)
     if model is None:
         served = ", ".join(ctx.registry.models)
         raise ModelNotFound(f"model {name!r} is not served here; served: {served}")
-    version = params.get("version")
-    if version is not None and version != VERSION:
+    if version and version != VERSION:
         raise ModelNotFound(f"model {name!r} has version {VERSION} only, not {version!r}")
-    ctx.request.state.model = model.name
+    ctx.state.model = model.name
     return model
+
+
+def _model(ctx: Context) -> Model:
+    params = ctx.http.path_params
+    return find(ctx, params["name"], params.get("version"))
 
 
 def signature(model: Model) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -74,19 +77,19 @@ async def server_metadata(ctx: Context, body: None = None) -> Response:
     return ctx.respond({"name": "headwise", "version": __version__, "extensions": EXTENSIONS})
 
 
-async def model_metadata(ctx: Context, body: None = None) -> Response:
-    model = _model(ctx)
+def metadata(model: Model) -> dict[str, Any]:
     inputs, outputs = signature(model)
-    runtime = model.backend.info
-    return ctx.respond(
-        {
-            "name": model.name,
-            "versions": [VERSION],
-            "platform": f"{runtime.runtime}_onnx",
-            "inputs": inputs,
-            "outputs": outputs,
-        }
-    )
+    return {
+        "name": model.name,
+        "versions": [VERSION],
+        "platform": f"{model.backend.info.runtime}_onnx",
+        "inputs": inputs,
+        "outputs": outputs,
+    }
+
+
+async def model_metadata(ctx: Context, body: None = None) -> Response:
+    return ctx.respond(metadata(_model(ctx)))
 
 
 async def model_ready(ctx: Context, body: None = None) -> Response:
@@ -171,13 +174,10 @@ async def _classify(
 RUNS = {"embed": _embed, "rerank": _rerank, "classify": _classify}
 
 
-async def infer(ctx: Context, body: None = None) -> Response:
-    model = _model(ctx)  # readiness: its route is declared ready=True, dispatch checks it
-    raw = await ctx.request.body()
-    length = ctx.request.headers.get(tensors.HEADER)
-    if length is not None and not length.isdigit():
-        raise BadTensor(f"Inference-Header-Content-Length must be a byte count, not {length!r}")
-    request = tensors.parse(raw, int(length) if length is not None else None)
+async def inferred(
+    ctx: Context, model: Model, request: tensors.Request
+) -> list[tuple[str, np.ndarray]]:
+    """The outputs asked for (all when none was named), over HTTP or gRPC."""
     _, declared = signature(model)
     names = [o["name"] for o in declared]
     for name in request.outputs or []:
@@ -185,12 +185,23 @@ async def infer(ctx: Context, body: None = None) -> Response:
             raise BadTensor(f"unknown output {name!r}: this model gives {', '.join(names)}")
     for tensor in request.inputs.values():
         _shape(tensor)
-    try:
-        outputs = await RUNS[model.task](ctx, model, request)
-    except (InvalidInput, PayloadTooLarge, WrongTask) as exc:  # the protocol's 400, same words
-        raise BadTensor(exc.message) from None
+    outputs = await RUNS[model.task](ctx, model, request)
     if request.outputs is not None:
         outputs = [(n, v) for n, v in outputs if n in request.outputs]
+    return outputs
+
+
+async def infer(ctx: Context, body: None = None) -> Response:
+    model = _model(ctx)  # readiness: its route is declared ready=True, dispatch checks it
+    raw = await ctx.http.body()
+    length = ctx.http.headers.get(tensors.HEADER)
+    if length is not None and not length.isdigit():
+        raise BadTensor(f"Inference-Header-Content-Length must be a byte count, not {length!r}")
+    request = tensors.parse(raw, int(length) if length is not None else None)
+    try:
+        outputs = await inferred(ctx, model, request)
+    except (InvalidInput, PayloadTooLarge, WrongTask) as exc:  # the protocol's 400, same words
+        raise BadTensor(exc.message) from None
     data, header = tensors.answer(model.name, request.id, outputs, request.binary)
     if header is None:
         return Response(data, media_type="application/json")

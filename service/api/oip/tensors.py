@@ -66,6 +66,12 @@ class Request:
     parameters: dict[str, Any]
 
 
+def bytes_raw(elements: list[bytes]) -> bytes:
+    """BYTES elements as the binary extension (and gRPC's raw contents) carry them: each one
+    after its length, 4 bytes little-endian."""
+    return b"".join(struct.pack("<I", len(e)) + e for e in elements)
+
+
 def _bytes_elements(raw: bytes, name: str) -> list[bytes]:
     out, at = [], 0
     while at < len(raw):
@@ -86,7 +92,8 @@ def _flatten(data: Any) -> list[Any]:
     return [data]
 
 
-def _tensor(spec: Any, binary: bytes | None) -> Tensor:
+def tensor(spec: Any, binary: bytes | None) -> Tensor:
+    """One input from its JSON spec, its elements read from `binary` when given."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise BadTensor("every input needs a name, a datatype and a shape")
     name = spec["name"]
@@ -153,10 +160,10 @@ def parse(body: bytes, header_length: int | None) -> Request:
             if not isinstance(size, int) or size < 0 or at + size > len(rest):
                 raise BadTensor(f"binary_data_size {size!r} runs past the request's binary data")
             raw, at = rest[at : at + size], at + size
-        tensor = _tensor(spec, raw)
-        if tensor.name in inputs:
-            raise BadTensor(f"input {tensor.name!r} is given twice")
-        inputs[tensor.name] = tensor
+        one = tensor(spec, raw)
+        if one.name in inputs:
+            raise BadTensor(f"input {one.name!r} is given twice")
+        inputs[one.name] = one
     parameters = header.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise BadTensor("parameters must be an object")

@@ -63,7 +63,7 @@ async def models(ctx: Context, body: None = None) -> Response:
 
 
 async def model(ctx: Context, body: None = None) -> Response:
-    model_id = ctx.request.path_params["model_id"]
+    model_id = ctx.http.path_params["model_id"]
     found = ctx.registry.models.get(model_id)
     if found is None:
         raise ModelNotFound(

@@ -1,5 +1,10 @@
 """TEI's routes, same shapes and status codes as text-embeddings-inference: a client written for
-TEI works against headwise unmodified."""
+TEI works against headwise unmodified.
+
+Each route is a function that computes its answer (`embedded`, `reranked`, ...: what TEI
+answers, as Python values, and the stage timings) and a one-line HTTP handler that writes it
+as JSON. TEI's gRPC services (service/api/tei/grpc.py) call the same functions and write
+protobuf."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from starlette.responses import Response
 from tokenizers import Encoding
 
@@ -24,6 +30,7 @@ from service.api.tei.schemas import (
 )
 from service.errors import EmptyBatch, InvalidInput
 from service.pipelines.base import as_list, check_ids, check_texts
+from service.pipelines.call import Timings
 from service.pipelines.embed import Tokenizing
 from service.pipelines.outputs import sparse_entries
 from service.pipelines.score import ranked
@@ -39,22 +46,30 @@ def _how(options: TruncationOptions) -> Tokenizing:
     return Tokenizing(truncate=options.cut, side=options.side, prompt_name=options.prompt_name)
 
 
-async def embed(ctx: Context, body: EmbedRequest) -> Response:
+async def embedded(ctx: Context, body: EmbedRequest) -> tuple[np.ndarray, Timings]:
     _nonempty(body.inputs, "inputs")
     pipe = ctx.model().embed
     assert pipe is not None
     inputs = pipe.validate(body.inputs, "inputs", body.dimensions)
     how = replace(_how(body), instruction=body.instruction)
     out = await pipe.embed(ctx.call, inputs, how, body.normalize, body.dimensions)
-    return ctx.respond(out.vectors, out.timings)
+    return out.vectors, out.timings
 
 
-async def embed_all(ctx: Context, body: EmbedAllRequest) -> Response:
+async def embed(ctx: Context, body: EmbedRequest) -> Response:
+    return ctx.respond(*await embedded(ctx, body))
+
+
+async def all_embedded(ctx: Context, body: EmbedAllRequest) -> list[np.ndarray]:
     _nonempty(body.inputs, "inputs")
     pipe = ctx.model().embed
     assert pipe is not None
     inputs = pipe.validate(body.inputs, "inputs")
-    return ctx.respond(await pipe.token_embeddings(ctx.call, inputs, _how(body)))
+    return await pipe.token_embeddings(ctx.call, inputs, _how(body))
+
+
+async def embed_all(ctx: Context, body: EmbedAllRequest) -> Response:
+    return ctx.respond(await all_embedded(ctx, body))
 
 
 async def similarity(ctx: Context, body: SimilarityRequest) -> Response:
@@ -67,7 +82,7 @@ async def similarity(ctx: Context, body: SimilarityRequest) -> Response:
     return ctx.respond(scores.astype(float), out.timings)
 
 
-async def rerank(ctx: Context, body: RerankRequest) -> Response:
+async def reranked(ctx: Context, body: RerankRequest) -> tuple[list[dict[str, Any]], Timings]:
     _nonempty(body.texts, "texts")
     pipe = ctx.model(body.model, "rerank").score
     assert pipe is not None
@@ -79,10 +94,17 @@ async def rerank(ctx: Context, body: RerankRequest) -> Response:
         {"index": i, "score": float(scores[i]), **({"text": body.texts[i]} if body.return_text else {})}
         for i in ranked(scores)
     ]
-    return ctx.respond(results, out.timings)
+    return results, out.timings
 
 
-async def predict(ctx: Context, body: PredictRequest) -> Response:
+async def rerank(ctx: Context, body: RerankRequest) -> Response:
+    return ctx.respond(*await reranked(ctx, body))
+
+
+async def predicted(
+    ctx: Context, body: PredictRequest
+) -> tuple[list[list[dict[str, Any]]], bool, Timings]:
+    """Per input, its labels by score; and whether the request sent a single input."""
     items, single = body.batch()
     _nonempty(items, "inputs")
     pipe = ctx.model(body.model, "classify").score
@@ -94,7 +116,12 @@ async def predict(ctx: Context, body: PredictRequest) -> Response:
     answers = [
         [{"label": labels[j], "score": float(row[j])} for j in ranked(row)] for row in probs
     ]
-    return ctx.respond(answers[0] if single else answers, out.timings)
+    return answers, single, out.timings
+
+
+async def predict(ctx: Context, body: PredictRequest) -> Response:
+    answers, single, timings = await predicted(ctx, body)
+    return ctx.respond(answers[0] if single else answers, timings)
 
 
 # POST / answers as the first model's own route does, with that route's body.
@@ -117,13 +144,17 @@ async def root(ctx: Context, body: RootBody) -> Response:
     return await handler(ctx, body)
 
 
-async def decode(ctx: Context, body: DecodeRequest) -> Response:
+async def decoded(ctx: Context, body: DecodeRequest) -> list[str]:
     backend = ctx.model().backend
     arrays = body.arrays()
     if len(arrays) > ctx.settings.max_inputs:
         raise InvalidInput(f"ids has {len(arrays)} arrays; the limit is {ctx.settings.max_inputs}")
     check_ids(arrays, backend.manifest.vocab_size, "ids")
-    return ctx.respond([backend.decode(ids, body.skip_special_tokens) for ids in arrays])
+    return [backend.decode(ids, body.skip_special_tokens) for ids in arrays]
+
+
+async def decode(ctx: Context, body: DecodeRequest) -> Response:
+    return ctx.respond(await decoded(ctx, body))
 
 
 def simple_tokens(text: str, encoding: Encoding) -> list[dict[str, object]]:
@@ -156,25 +187,35 @@ def _byte_offsets(text: str) -> list[int]:
     return out
 
 
-async def tokenize(ctx: Context, body: TokenizeRequest) -> Response:
-    _nonempty(body.inputs, "inputs")
+async def tokens(ctx: Context, body: TokenizeRequest) -> list[list[dict[str, object]]]:
     """Each token with its id, text and span, as TEI answers (a list per input, always)."""
+    _nonempty(body.inputs, "inputs")
     model = ctx.model()
     texts = as_list(body.inputs, "inputs")
     check_texts(texts, ctx.settings, "inputs")
     if model.embed is not None:
         texts = model.embed.prompted(texts, body.prompt_name)
     encodings, _ = await ctx.call.tokenize(model.backend.tokenize, texts, body.add_special_tokens)
-    return ctx.respond([simple_tokens(t, e) for t, e in zip(texts, encodings, strict=True)])
+    return [simple_tokens(t, e) for t, e in zip(texts, encodings, strict=True)]
 
 
-async def embed_sparse(ctx: Context, body: EmbedSparseRequest) -> Response:
-    _nonempty(body.inputs, "inputs")
+async def tokenize(ctx: Context, body: TokenizeRequest) -> Response:
+    return ctx.respond(await tokens(ctx, body))
+
+
+async def sparse_embedded(
+    ctx: Context, body: EmbedSparseRequest
+) -> tuple[list[list[dict[str, Any]]], Timings]:
     """Each input's nonzero weights by vocabulary id, sorted by index (SPLADE's vector, or
     bge-m3's lexical weights). A model without a sparse output: 400 naming the outputs."""
+    _nonempty(body.inputs, "inputs")
     pipe = ctx.model().outputs
     assert pipe is not None
     inputs = pipe.embed.validate(body.inputs, "inputs")
     out = await pipe.encode(ctx.call, inputs, ["sparse"], _how(body))
     assert out.sparse is not None
-    return ctx.respond([sparse_entries(s) for s in out.sparse], out.timings)
+    return [sparse_entries(s) for s in out.sparse], out.timings
+
+
+async def embed_sparse(ctx: Context, body: EmbedSparseRequest) -> Response:
+    return ctx.respond(*await sparse_embedded(ctx, body))

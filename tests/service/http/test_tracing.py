@@ -120,3 +120,26 @@ def test_without_the_endpoint_nothing_is_sent(tiny_bundle, receiver, tmp_path):
         assert httpx.post(f"{server.url}/encode", json={"inputs": "x"}).status_code == 200
     time.sleep(0.5)
     assert len(receiver.spans) == count
+
+
+def test_a_grpc_call_is_a_span_in_the_callers_trace_too(tiny_bundle, receiver, tmp_path):
+    """traceparent as gRPC metadata: the call's span (named by its method, as OpenTelemetry's
+    RPC conventions do) is in the caller's trace, with its stages beneath."""
+    import grpc
+
+    from service.rpc.generated import tei_pb2 as tei
+    from service.rpc.generated import tei_pb2_grpc as tei_grpc
+    from tests.service.rpc.test_grpc import free_port
+
+    port = free_port()
+    env = {"HEADWISE_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50", "HEADWISE_GRPC_PORT": str(port)}
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    with serve(tiny_bundle, tmp_path, env=env), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        metadata = (("traceparent", f"00-{trace_id}-{parent_id}-01"),)
+        tei_grpc.EmbedStub(channel).Embed(tei.EmbedRequest(inputs="the cat sat"), metadata=metadata)
+        (span,) = [s for s in receiver.wait_for("tei.v1.Embed/Embed") if s.trace_id.hex() == trace_id]
+        assert span.parent_span_id.hex() == parent_id and span.kind == span.SPAN_KIND_SERVER
+        a = attributes(span)
+        assert a["rpc.system"] == "grpc" and a["rpc.method"] == "Embed" and a["headwise.tokens"] > 0
+        (inference,) = [s for s in receiver.wait_for("inference") if s.trace_id.hex() == trace_id]
+        assert inference.parent_span_id == span.span_id

@@ -152,19 +152,19 @@ ROUTES: tuple[Route, ...] = (
         summary="Readiness: 200 once every model is loaded and warm, 503 while loading or draining",
         errors=(503,),
     ),
-    # Triton's paths, for load balancers configured for it.
+    # The Open Inference Protocol's (Triton's, KServe's) health paths, in its bodies.
     Route(
         "/v2/health/live",
-        HEADWISE,
-        one(None, ops.health, ops.Status),
+        OIP,
+        one(None, oip_handlers.server_live, oip_schemas.ServerLive),
         method="GET",
         open=True,
         documented=False,
     ),
     Route(
         "/v2/health/ready",
-        HEADWISE,
-        one(None, ops.ready, ops.Status),
+        OIP,
+        one(None, oip_handlers.server_ready, oip_schemas.ServerReady),
         method="GET",
         open=True,
         documented=False,

@@ -16,7 +16,7 @@ import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from service.api.oip import rpc as oip_rpc
 from service.api.tei import rpc as tei_rpc
@@ -29,6 +29,17 @@ from service.rpc.generated import POOL
 log = logging.getLogger(__name__)
 
 HEALTH_EVERY_S = 0.25  # how soon health follows readiness (a drain's start, the end of warm-up)
+
+
+def _describe(*modules: object) -> None:
+    """Health's and reflection's own protos in the pool reflection answers from (ours live in a
+    pool of their own), so that grpcurl can call them too."""
+    for module in modules:
+        file = module.DESCRIPTOR  # type: ignore[attr-defined]
+        try:
+            POOL.FindFileByName(file.name)
+        except KeyError:
+            POOL.AddSerializedFile(file.serialized_pb)
 
 
 class RpcServer:
@@ -54,6 +65,7 @@ class RpcServer:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        _describe(health_pb2, reflection_pb2)
         reflection.enable_server_reflection(names, self.server, pool=POOL)
         self.port = self.server.add_insecure_port(f"{s.host}:{s.grpc_port}")
         if self.port == 0:

@@ -73,6 +73,22 @@ def signature(model: Model) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     )
 
 
+async def server_live(ctx: Context, body: None = None) -> Response:
+    return ctx.respond({"live": True, "status": "ok"})
+
+
+async def server_ready(ctx: Context, body: None = None) -> Response:
+    """The protocol's body ({"ready": ...}, what KServe's SDK reads), 503 with Retry-After until
+    every model is warm, as /ready."""
+    registry = ctx.registry
+    if registry.ready:
+        return ctx.respond({"ready": True, "status": "ready"})
+    status = "draining" if registry.drain.draining else "failed" if registry.load_error else "loading"
+    response = ctx.respond({"ready": False, "status": status}, status=503)
+    response.headers["retry-after"] = "2"
+    return response
+
+
 async def server_metadata(ctx: Context, body: None = None) -> Response:
     return ctx.respond({"name": "headwise", "version": __version__, "extensions": EXTENSIONS})
 

@@ -8,6 +8,16 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 
+class ServerLive(BaseModel):
+    live: bool
+    status: str = Field(description="headwise's own /health word, for probes that read it")
+
+
+class ServerReady(BaseModel):
+    ready: bool
+    status: str = Field(description="headwise's own /ready word: ready, loading, draining, failed")
+
+
 class ServerMetadata(BaseModel):
     name: str
     version: str

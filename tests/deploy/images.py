@@ -113,6 +113,8 @@ def check_cpu_image(image: str) -> None:
             "writing to the root filesystem fails",
         )
         check_embeddings(box)
+        rpc = podman("exec", box.name, "python", "-c", "import service.rpc.server", check_rc=False)
+        check(rpc.returncode == 0, f"gRPC is in the image (service.rpc.server imports) {rpc.stderr}")
         health = podman("healthcheck", "run", box.name, check_rc=False)
         status = box.inspect("{{.State.Healthcheck.Status}}")
         check(

@@ -170,6 +170,34 @@ def test_tei_client_embeds_tokenizes_and_decodes_as_http_does(live):
     assert client.decode(ids) == httpx.post(f"{live.url}/decode", json={"ids": ids}).json()[0]
 
 
+@pytest.mark.parametrize("first", ["ranker", "nli"])
+def test_tei_client_reranks_and_classifies_where_info_says_the_model_does(
+    first, ranker_bundle, classifier, tmp_path  # noqa: F811
+):
+    """tei-client asks Info for the model's type before it reranks or classifies (TEI serves one
+    model): a server whose first model is the reranker, then one whose first is the classifier."""
+    bundle = {"ranker": ranker_bundle, "nli": classifier}[first]
+    port, serving = start([f"{first}={bundle}"], tmp_path)
+    with serving as server:
+        client = tei_client.GrpcClient(f"127.0.0.1:{port}")
+        if first == "ranker":
+            assert client.info().server_model_type == tei_client.ModelType.Reranker
+            ranks = client.rerank(QUERY, TEXTS, return_text=True).ranks
+            want = httpx.post(f"{server.url}/rerank", json={"query": QUERY, "texts": TEXTS}).json()
+            assert [r.index for r in ranks] == [w["index"] for w in want]
+            np.testing.assert_allclose([r.score for r in ranks], [w["score"] for w in want], rtol=1e-5, atol=1e-6)
+            assert ranks[0].text == TEXTS[ranks[0].index]
+        else:
+            assert client.info().server_model_type == tei_client.ModelType.Classifier
+            got = client.classify(TEXTS)  # PredictStream
+            want = httpx.post(f"{server.url}/predict", json={"inputs": TEXTS}).json()
+            for answer, row in zip(got, want, strict=True):
+                assert [s.label for s in answer.scores] == [e["label"] for e in row]
+                np.testing.assert_allclose([s.score for s in answer.scores], [e["score"] for e in row], rtol=1e-5)
+            pairs = client.classify([(TEXTS[0], TEXTS[1])])  # PredictPairStream
+            assert len(pairs) == 1 and len(pairs[0].scores) == 3
+
+
 def test_tei_unary_calls_and_their_metadata(live):
     embed = tei_grpc.EmbedStub(live.channel)
     one = embed.Embed(tei.EmbedRequest(inputs=TEXTS[0], normalize=False))

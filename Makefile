@@ -10,7 +10,7 @@ TEST_STAMP  := $(VENV)/.test-deps-done
 BENCH_STAMP := $(VENV)/.bench-deps-done
 SOURCES := $(shell find models export -name '*.py')
 
-.PHONY: protos setup serve test test-fast bundle lint bench soak gpu-check gpu-check-dry system-deps clean \
+.PHONY: docs docs-serve docs-test docs-screenshots protos setup serve test test-fast bundle lint bench soak gpu-check gpu-check-dry system-deps clean \
 	image-deps image-test image-test-export image-test-gpu compose-test image-clean
 
 setup: $(SETUP_STAMP)
@@ -60,6 +60,20 @@ lint: $(TEST_STAMP)
 
 # Debian packages some tests drive for real: headless Chromium (the attention viewer) and
 # Prometheus (a real scrape). Without them those tests skip and say so.
+# The manual (docs/, mkdocs.yml): built into site/ in strict mode, served, its examples run
+# against a real server (make test runs them too: tests/docs), and the viewer's screenshot taken.
+docs: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict -a 127.0.0.1:8008
+
+docs-test: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -rs tests/docs tests/test_docs.py
+
+docs-screenshots: $(TEST_STAMP)
+	HEADWISE_DOCS_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/service/api/test_viewer_browser.py -k manuals_screenshot
+
 # The gRPC code generated from service/rpc/protos (committed; rerun after changing a proto).
 protos:
 	service/rpc/protos/generate.sh

@@ -19,8 +19,8 @@ class Settings(BaseSettings):
         default_factory=list,
         description="several bundles: comma-separated DIR or NAME=DIR (first answers by default)",
     )
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    host: str = Field("127.0.0.1", description="bind address (`0.0.0.0` in the images), for HTTP and gRPC")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     grpc_port: int | None = Field(
         None,
         ge=0,
@@ -29,7 +29,9 @@ class Settings(BaseSettings):
         "the Open Inference Protocol's GRPCInferenceService and TEI's tei.v1 services, health "
         "and reflection; unset: HTTP only (0: any free port, for tests)",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="debug, info, warning, error"
+    )
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object a line")
     access_log: bool = Field(False, description="log one line per request (method, path, status, ms)")
     otlp_endpoint: str | None = Field(

@@ -13,7 +13,7 @@ import pytest
 from tests.deploy.conftest import DOCKER, ROOT
 
 MAKEFILE = (ROOT / "Makefile").read_text()
-README = (ROOT / "README.md").read_text()
+DEPLOY = (ROOT / "docs" / "deploy.md").read_text()  # the manual's Deploy page
 
 
 def recipe(target: str) -> str:
@@ -34,7 +34,7 @@ def recipe(target: str) -> str:
 def test_each_target_runs_its_check_after_installing_the_tools(target, what):
     assert re.search(rf"^{target}: .*\bimage-deps\b", MAKEFILE, re.M)
     assert f"-m tests.deploy.images {what}\n" in recipe(target)
-    assert f"make {target}" in README
+    assert f"make {target}" in DEPLOY
 
 
 def test_image_deps_installs_podman_and_runc_only_when_missing():

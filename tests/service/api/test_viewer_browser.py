@@ -545,3 +545,44 @@ def test_a_pairs_words_are_shaded_by_occlusion_and_by_attention_side_by_side(
         assert not errors, errors
     finally:
         context.close()
+
+
+# The manual's picture of the viewer (README, docs/attention.md) is this test's screenshot: the
+# default model, one sentence, layer 2, every head. HEADWISE_DOCS_SCREENSHOTS=1 (make
+# docs-screenshots) writes it; otherwise the test checks the committed one is the shape it makes.
+MANUAL_SCREENSHOT = Path(__file__).resolve().parents[3] / "docs" / "assets" / "viewer.png"
+
+
+def test_the_manuals_screenshot_is_the_viewer_on_the_default_model(browser, default_bundle, tmp_path):
+    import os
+    import struct
+
+    with serve(default_bundle, tmp_path, ready_s=120) as server:
+        context = browser.new_context(viewport={"width": 1360, "height": 900})
+        context.set_default_timeout(WAIT_MS)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            page.goto(f"{server.url}/attention/view")
+            page.wait_for_function("document.querySelectorAll('#layer option').length === 6")
+            page.fill("#text", "The cat sat on the mat because it was warm.")
+            page.select_option("#layer", "2")
+            page.get_by_role("button", name="Show").click()
+            wait_state(page, "ready")
+            shot = tmp_path / "viewer.png"
+            page.screenshot(path=str(shot), full_page=False)
+        finally:
+            context.close()
+    assert not errors, errors
+
+    def size(png: Path) -> tuple[int, int]:
+        head = png.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n"
+        return struct.unpack(">II", head[16:24])
+
+    if os.environ.get("HEADWISE_DOCS_SCREENSHOTS") == "1":
+        MANUAL_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        MANUAL_SCREENSHOT.write_bytes(shot.read_bytes())
+    assert MANUAL_SCREENSHOT.exists(), "make docs-screenshots writes it"
+    assert size(MANUAL_SCREENSHOT) == size(shot) == (1360, 900)

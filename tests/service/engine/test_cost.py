@@ -117,7 +117,7 @@ def test_a_recorded_calibration_predicts_the_batches_it_never_ran():
     """bench.calibration's record on a real machine: each session's calibration, fitted again,
     predicts its grid of other shapes (lengths 8 to the model's maximum) within 20 % at p50 and
     35 % at p90. (The goal is 25 % at p90; on the shared 2-core VM the same shape's time moves by
-    a quarter to a third between minutes, and five runs gave p90 17-33 %: README, Capacity.)"""
+    a quarter to a third between minutes, and five runs gave p90 17-33 %: docs/operations.md, Capacity.)"""
     recorded = json.loads(RECORDED.read_text())
     for name, model in recorded["models"].items():
         for lane, record in model["lanes"].items():

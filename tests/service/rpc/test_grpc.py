@@ -46,6 +46,21 @@ class Live:
         self.channel = grpc.insecure_channel(self.target)
 
 
+@pytest.fixture
+def tei_grpc_client():
+    """tei-client's GrpcClient: it opens a grpc.aio channel beside its blocking one when built,
+    which needs the thread's event loop (an earlier test's asyncio.run() may have unset it)."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield tei_client.GrpcClient
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
 def start(specs: list[str], tmp, env: dict[str, str] | None = None):
     port = free_port()
     return port, serve(specs, tmp, env={"HEADWISE_GRPC_PORT": str(port), **(env or {})})
@@ -154,8 +169,8 @@ def test_oip_errors_are_statuses_naming_the_problem(triton, model, inputs, code,
 # --- TEI's gRPC API ---------------------------------------------------------------------------
 
 
-def test_tei_client_embeds_tokenizes_and_decodes_as_http_does(live):
-    client = tei_client.GrpcClient(live.target)
+def test_tei_client_embeds_tokenizes_and_decodes_as_http_does(live, tei_grpc_client):
+    client = tei_grpc_client(live.target)
     info = client.info()
     assert info.server_model_id == "tiny" and info.server_model_type == tei_client.ModelType.Embedding
     got = np.array(client.embed(TEXTS))  # EmbedStream, one message an input
@@ -172,14 +187,14 @@ def test_tei_client_embeds_tokenizes_and_decodes_as_http_does(live):
 
 @pytest.mark.parametrize("first", ["ranker", "nli"])
 def test_tei_client_reranks_and_classifies_where_info_says_the_model_does(
-    first, ranker_bundle, classifier, tmp_path  # noqa: F811
+    first, ranker_bundle, classifier, tmp_path, tei_grpc_client  # noqa: F811
 ):
     """tei-client asks Info for the model's type before it reranks or classifies (TEI serves one
     model): a server whose first model is the reranker, then one whose first is the classifier."""
     bundle = {"ranker": ranker_bundle, "nli": classifier}[first]
     port, serving = start([f"{first}={bundle}"], tmp_path)
     with serving as server:
-        client = tei_client.GrpcClient(f"127.0.0.1:{port}")
+        client = tei_grpc_client(f"127.0.0.1:{port}")
         if first == "ranker":
             assert client.info().server_model_type == tei_client.ModelType.Reranker
             ranks = client.rerank(QUERY, TEXTS, return_text=True).ranks

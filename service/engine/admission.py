@@ -68,11 +68,17 @@ class Admission:
         self.promised_s = max(0.0, self.promised_s - seconds)
 
     def admit(
-        self, batcher: Backlogged, lengths: Sequence[int], remaining_s: float, unit: str = "inputs"
+        self,
+        batcher: Backlogged,
+        lengths: Sequence[int],
+        remaining_s: float,
+        unit: str = "inputs",
+        deadline_s: float | None = None,
     ) -> float:
         """The seconds of work promised for these texts on `batcher` (release them once queued);
         PayloadTooLarge (413) or Overloaded (429) when they cannot meet their deadline
-        (remaining_s from now)."""
+        (remaining_s from now). deadline_s: the request's own deadline, when shorter than the
+        server's (a gRPC client's): the headroom kept free is that deadline's share."""
         own = batcher.predict(lengths)
         source = batcher.cost.source
         budget_s = self.timeout_s * self.headroom
@@ -88,13 +94,14 @@ class Admission:
                 param="inputs",
             )
         ahead = self.ahead_s() if batcher in self.batchers else batcher.backlog_s() + self.promised_s
-        usable_s = remaining_s - self.timeout_s * (1 - self.headroom)  # the headroom kept free
+        span_s = self.timeout_s if deadline_s is None else min(self.timeout_s, deadline_s)
+        usable_s = remaining_s - span_s * (1 - self.headroom)  # the headroom kept free
         if ahead + own > usable_s:
             batcher.rejected("queue_too_long")
             raise Overloaded(
                 f"the work queued and running ahead needs about {ahead:.1f} s and this request "
                 f"about {own:.1f} s (cost {source}): it could not finish within its "
-                f"deadline ({max(0.0, remaining_s):.1f} s left of {self.timeout_s:g} s); "
+                f"deadline ({max(0.0, remaining_s):.1f} s left of {span_s:g} s); "
                 "retry later or send fewer inputs",
                 retry_after=max(1.0, ahead + own - usable_s),
             )

@@ -117,7 +117,7 @@ class Intake:
             for batcher, idx in self.lanes(lengths):
                 part = [lengths[i] for i in idx]
                 left = call.remaining() - promised
-                promised += self.admission.admit(batcher, part, left, unit)
+                promised += self.admission.admit(batcher, part, left, unit, call.timeout_s)
             return promised
         except Overloaded:
             self.admission.release(promised)

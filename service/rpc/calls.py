@@ -127,7 +127,9 @@ class Rpcs:
         timeout_s = self.registry.settings.request_timeout_s
         remaining = context.time_remaining()
         within = timeout_s if remaining is None else min(timeout_s, max(0.0, remaining))
-        return Call(_cancelled(context), time.monotonic() + within, self.registry.drain, timeout_s)
+        # The call's own span: admission keeps its headroom as a share of it (a client's 1 s
+        # deadline must not be held to the 20 % of the server's 30 s that HTTP keeps free).
+        return Call(_cancelled(context), time.monotonic() + within, self.registry.drain, within)
 
     async def run(
         self,

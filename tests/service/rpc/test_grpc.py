@@ -456,3 +456,32 @@ def test_grpcurl_through_reflection(live):
     assert len(answers) == len(TEXTS)
     health = json.loads(call("grpc.health.v1.Health/Check", data=json.dumps({"service": "tei.v1.Embed"})))
     assert health["status"] == "SERVING"
+
+
+def test_a_clients_grpc_deadline_is_the_requests(default_bundle, tmp_path):
+    """A call whose own gRPC deadline (0.5 s) is shorter than its work is refused at once,
+    RESOURCE_EXHAUSTED naming the deadline, though the server's own (30 s) would fit it: the
+    client's deadline is the one admission prices the work against. A small call under a 1 s
+    deadline is answered: the headroom admission keeps free is a share of the call's own
+    deadline, not of the server's 30 s (which would leave a 1 s call nothing)."""
+    port, serving = start([f"minilm={default_bundle}"], tmp_path)
+    with serving, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        from service.api.oip.tensors import bytes_raw
+        from service.rpc.generated import grpc_predict_v2_pb2 as pb
+        from service.rpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
+
+        request = pb.ModelInferRequest(model_name="minilm")
+        request.inputs.add(name="text", datatype="BYTES", shape=[128])
+        request.raw_input_contents.append(bytes_raw([" ".join(["word"] * 300).encode()] * 128))
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(request, timeout=0.5)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
+        assert "deadline" in refused.value.details()
+        assert time.monotonic() - started < 0.5
+        small = pb.ModelInferRequest(model_name="minilm")
+        small.inputs.add(name="text", datatype="BYTES", shape=[2])
+        small.raw_input_contents.append(bytes_raw([b"hello", b"world"]))
+        answer = stub.ModelInfer(small, timeout=1.0)
+        assert list(answer.outputs[0].shape) == [2, 384]

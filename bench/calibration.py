@@ -1,7 +1,10 @@
 """python -m bench.calibration: how well a calibrated cost predicts batches it never ran.
 
 For each model (the default bundle; random-weight ModernBERT and BERT checkpoints at their base
-width, fewer layers: bench.families'), each serving session is calibrated exactly as warm-up
+width, fewer layers: bench.families'; and, with the same few layers at the Hub models' widths, a
+BERT cross-encoder reranker, a Qwen3-0.6B-shaped embedder (a decoder, last-token pooling) and
+a bge-m3-shaped XLM-R large with its sparse and ColBERT heads: three outputs from one graph),
+each serving session is calibrated exactly as warm-up
 does it (service/engine/calibrate.py, the default budget), then timed on a grid of other
 shapes, lengths 8 to the model's maximum (the long lane's past HEADWISE_LONG_TOKENS); the table
 gives the predicted over the actual time at p50 and p90 of |error|, per session. The JSON keeps
@@ -79,6 +82,29 @@ def session(run: Any, longest: int, shortest: int, long_lane: bool, token: int, 
     }
 
 
+def other_checkpoint(kind: str, layers: int, folder: Path) -> Path:
+    """A random-weight checkpoint of the rows beyond bench.families' encoders."""
+    if (folder / "config.json").exists():
+        return folder
+    if kind == "bert-reranker":
+        return checkpoint("bert-reranker", layers, folder)
+    if kind == "qwen3-embedder":
+        from bench.decoder import QWEN3_06B, build
+
+        shape = {k: v for k, v in QWEN3_06B.items() if k != "vocab_size"}
+        build(kind, folder, {**shape, "num_hidden_layers": layers}, "float32")
+        return folder
+    assert kind == "bge-m3", kind
+    from bench.decoder import XLMR_LARGE
+    from tests.conftest import build_tokenizer
+    from tests.export.output_checkpoints import m3_checkpoint
+
+    shape = {k: v for k, v in XLMR_LARGE.items() if k not in ("vocab_size", "type_vocab_size")}
+    tokenizer = build_tokenizer("unigram", folder.parent / f"{folder.name}-tokenizer.json")
+    shape |= {"num_hidden_layers": layers, "max_position_embeddings": 8194}
+    return m3_checkpoint(folder, tokenizer, **shape)
+
+
 def model(name: str, bundle: Path, s: Settings) -> dict[str, Any]:
     backend = OnnxBackend(load_bundle(bundle, verify=False), s)
     backend.warmup()
@@ -118,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", type=Path, default=Path("bundles/default"))
     parser.add_argument("--families", nargs="*", default=["modernbert", "bert"])
+    parser.add_argument(
+        "--others", nargs="*", default=["bert-reranker", "qwen3-embedder", "bge-m3"],
+        help="rows beyond the encoders: a reranker, a decoder, a multi-output model",
+    )  # fmt: skip
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--root", type=Path, default=Path("bundles/calibration"))
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -129,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         folder = checkpoint(family, args.layers, args.root / f"{family}-ckpt")
         bundle = export(folder, args.root / family)
         models[f"{family} ({args.layers} layers)"] = model(family, bundle, s)
+    for kind in args.others:
+        folder = other_checkpoint(kind, args.layers, args.root / f"{kind}-ckpt")
+        bundle = export(folder, args.root / kind)
+        models[f"{kind} ({args.layers} layers)"] = model(kind, bundle, s)
     results = {"machine": machine(), "calibration_s": s.calibration_s, "models": models}
     save(args.out, "calibration", results, report(results))
     return 0

@@ -47,6 +47,13 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
+# Not measured here (the families above are the encoders this bench serves over /encode): a
+# cross-encoder reranker, one relevance logit, at BERT's width, for bench.calibration's rows.
+RERANKERS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "bert-reranker": ("BertConfig", "BertForSequenceClassification", {"hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536, "max_position_embeddings": 512, "num_labels": 1}),
+}
+
+
 def checkpoint(family: str, layers: int, folder: Path) -> Path:
     import torch
     import transformers
@@ -55,7 +62,7 @@ def checkpoint(family: str, layers: int, folder: Path) -> Path:
 
     if (folder / "config.json").exists():
         return folder
-    config_cls, model_cls, values = FAMILIES[family]
+    config_cls, model_cls, values = {**FAMILIES, **RERANKERS}[family]
     config = getattr(transformers, config_cls)(vocab_size=30522, num_hidden_layers=layers, **values)
     if family == "gemma3":  # every layer sliding but the last, as EmbeddingGemma's pattern
         config.layer_types = ["sliding_attention"] * (layers - 1) + ["full_attention"]

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import logging
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from service.manifest import Manifest
 log = logging.getLogger("bench")
 RESULTS = Path("bench/results")
 SHORT = "The cat sat on a warm mat."  # 11 tokens with MiniLM's tokenizer
+LONG = " ".join(["every token attends to every other token"] * 30)  # cut at 256 tokens
 
 
 def paths(bundle: Path, manifest: Manifest) -> tuple[list[tuple[str, str]], list[str]]:
@@ -77,11 +79,34 @@ def retrieval(sessions: list[Any], tok: Tokenizer, pairs: quality.Pairs) -> list
     return out
 
 
+def first_and_steady(url: str, text: str, after: int = 50) -> dict[str, float]:
+    """The first request of this shape after /ready, and the median of the next `after`: a
+    request that compiled (a shape warm-up did not cover) shows as a first far slower."""
+    import httpx
+
+    times = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        client.get("/health").raise_for_status()  # the connection open: not what is measured
+        for _ in range(1 + after):
+            started = time.perf_counter()
+            r = client.post("/encode", json={"inputs": [text]})
+            times.append((time.perf_counter() - started) * 1e3)
+            r.raise_for_status()
+    steady = statistics.median(times[1:])
+    return {"first_ms": times[0], "steady_p50_ms": steady, "first_over_steady": times[0] / steady}
+
+
 def over_http(bundle: Path, runtime: str, precision: str, texts: list[str]) -> dict[str, Any]:
     env = {"HEADWISE_RUNTIME": runtime, "HEADWISE_PRECISION": precision}
     proc, url = launch(bundle, env=env, ready_s=300)
     try:
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {
+            # Before any other request: is a shape compiled on the first request that has it?
+            "first_short": first_and_steady(url, SHORT),
+            "first_long": first_and_steady(url, LONG),
+        }
+        short = asyncio.run(run_load(url, build_requests(url, "/encode", [SHORT]), 1, 300))
+        out["short_p50_ms"] = short.percentile(50) * 1e3
         for clients, total in ((1, 300), (32, 1500)):
             requests = build_requests(url, "/encode", texts)
             asyncio.run(run_load(url, requests, clients, 64))
@@ -105,6 +130,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     manifest = Manifest.model_validate_json((args.bundle / "manifest.json").read_text())
     tok = Tokenizer.from_file(str(args.bundle / "tokenizer.json"))
     texts = corpus.sentences(512)
@@ -147,18 +173,31 @@ def report(results: dict[str, Any]) -> str:
         f"{m['when']}; {results['bundle']}, 512 sentences, batches of 32.",
         "",
         "| runtime | precision | graph texts/s | vs ORT fp32 | one text p50 (graph) | recall@10 | MRR "
-        "| HTTP 1 client | HTTP 32 clients | HTTP 32 / graph |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| HTTP 1 client | HTTP 32 clients | HTTP 32 / graph | one text p50 HTTP / graph "
+        "| first request / steady (short, 256 tokens) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results["rows"]:
         http = r.get("http")
         one = f"{http['1']['texts_per_s']:.0f}/s, p50 {http['1']['p50_ms']:.2f} ms" if http else "-"
         many = f"{http['32']['texts_per_s']:.0f}/s" if http else "-"
         ratio = f"{http['32']['texts_per_s'] / r['graph_texts_per_s']:.2f}x" if http else "-"
+        overhead = (
+            f"{http['short_p50_ms']:.2f} / {r['short_p50_ms']:.2f} ms = "
+            f"{http['short_p50_ms'] / r['short_p50_ms']:.2f}x"
+            if http
+            else "-"
+        )
+        first = (
+            f"{http['first_short']['first_over_steady']:.2f}x, "
+            f"{http['first_long']['first_over_steady']:.2f}x"
+            if http
+            else "-"
+        )
         lines.append(
             f"| {r['runtime']} | {r['precision']} | {r['graph_texts_per_s']:.0f} | "
             f"{r['graph_vs_ort_fp32']:.2f}x | {r['short_p50_ms']:.2f} ms | {r['recall_at_10']:.1f} "
-            f"| {r['mrr']:.1f} | {one} | {many} | {ratio} |"
+            f"| {r['mrr']:.1f} | {one} | {many} | {ratio} | {overhead} | {first} |"
         )
     lines += ["", *(f"Not run: {s}." for s in results["skipped"]), ""]
     return "\n".join(lines)

@@ -115,17 +115,19 @@ def test_shapes_go_from_one_short_text_to_a_full_batch_of_the_longest():
 @pytest.mark.skipif(not RECORDED.exists(), reason="no recorded calibration (python -m bench.calibration)")
 def test_a_recorded_calibration_predicts_the_batches_it_never_ran():
     """bench.calibration's record on a real machine: each session's calibration, fitted again,
-    predicts its grid of other shapes (lengths 8 to the model's maximum) within 20 % at p50 and
-    35 % at p90. (The goal is 25 % at p90; on the shared 2-core VM the same shape's time moves by
-    a quarter to a third between minutes, and five runs gave p90 17-33 %: docs/operations.md, Capacity.)"""
+    predicts its grid of other shapes (lengths 8 to the model's maximum) within 25 % at p90 (the
+    goal) and 10 % at p50, for every model recorded: the default model, the ModernBERT and BERT
+    shapes, a reranker, a Qwen3-shaped decoder and a bge-m3 shape, each lane. The recording of
+    2026-12-03 meets it (worst p90 18.2 %); one taken during a burst of the shared VM's load may
+    not (2026-12-02's: 28-33 %): docs/operations.md, Capacity."""
     recorded = json.loads(RECORDED.read_text())
     for name, model in recorded["models"].items():
         for lane, record in model["lanes"].items():
             cost = CostModel()
             cost.calibrate([Sample(*s) for s in record["calibration"]])
             errors = [abs(cost.seconds(r, n) / t - 1) for r, n, t in record["held_out"]]
-            assert float(np.percentile(errors, 50)) <= 0.20, (name, lane, sorted(errors)[-5:])
-            assert float(np.percentile(errors, 90)) <= 0.35, (name, lane, sorted(errors)[-5:])
+            assert float(np.percentile(errors, 50)) <= 0.10, (name, lane, sorted(errors)[-5:])
+            assert float(np.percentile(errors, 90)) <= 0.25, (name, lane, sorted(errors)[-5:])
 
 
 def test_a_batch_that_ran_alone_refines_its_cost_and_one_beside_another_does_not():

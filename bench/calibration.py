@@ -143,7 +143,9 @@ def report(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", type=Path, default=Path("bundles/default"))
-    parser.add_argument("--families", nargs="*", default=["modernbert", "bert"])
+    parser.add_argument(
+        "--families", nargs="*", default=["modernbert", "bert", "nomic-bert", "gemma3", "deberta-v2"]
+    )
     parser.add_argument(
         "--others", nargs="*", default=["bert-reranker", "qwen3-embedder", "bge-m3"],
         help="rows beyond the encoders: a reranker, a decoder, a multi-output model",

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import itertools
 import logging
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from bench.int8 import sessions_rates
 from bench.loadgen import build_requests, run_load
 from bench.results_io import machine, save
 from bench.runtimes import session
-from bench.server import launch
+from bench.server import free_port, launch
 from service.api.oip.tensors import bytes_raw
 from service.manifest import Manifest
 from service.rpc.generated import grpc_predict_v2_pb2 as oip
@@ -43,13 +42,6 @@ log = logging.getLogger("bench")
 RESULTS = Path("bench/results")
 LOADS = ((1, 300), (32, 1500))
 KINDS = ("http /embed", "grpc tei.v1.Embed", "grpc ModelInfer")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def grpc_load(

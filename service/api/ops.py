@@ -15,7 +15,7 @@ from service.api.context import Context
 from service.api.tei.info import Info, tei_info
 from service.engine.cpu import detect
 from service.errors import InvalidInput
-from service.registry import Capability, Model
+from service.registry import Capability, Model, Registry
 from service.settings import Settings
 
 CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
@@ -29,12 +29,18 @@ async def health(ctx: Context, body: None = None) -> Response:
     return ctx.respond({"status": "ok"})
 
 
+def readiness(registry: Registry) -> str:
+    """ready, or why not: draining, failed (to load), loading."""
+    if registry.ready:
+        return "ready"
+    if registry.drain.draining:
+        return "draining"
+    return "failed" if registry.load_error else "loading"
+
+
 async def ready(ctx: Context, body: None = None) -> Response:
-    registry = ctx.registry
-    if not registry.ready:
-        status = "failed" if registry.load_error else "loading"
-        if registry.drain.draining:
-            status = "draining"
+    status = readiness(ctx.registry)
+    if status != "ready":
         response = ctx.respond({"status": status}, status=503)
         response.headers["retry-after"] = "2"
         return response

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.server import free_port
 from tests.live import serve
 from tests.service.api.test_oip import classifier  # noqa: F401 - the fixture
-from tests.service.rpc.test_grpc import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -22,6 +22,7 @@ from service import __version__
 from service.api.context import Context
 from service.api.oip import tensors
 from service.api.oip.tensors import BadTensor, Tensor
+from service.api.ops import readiness
 from service.errors import InvalidInput, ModelNotFound, PayloadTooLarge, Unavailable, WrongTask
 from service.pipelines.embed import Tokenizing
 from service.registry import Model
@@ -80,10 +81,9 @@ async def server_live(ctx: Context, body: None = None) -> Response:
 async def server_ready(ctx: Context, body: None = None) -> Response:
     """The protocol's body ({"ready": ...}, what KServe's SDK reads), 503 with Retry-After until
     every model is warm, as /ready."""
-    registry = ctx.registry
-    if registry.ready:
-        return ctx.respond({"ready": True, "status": "ready"})
-    status = "draining" if registry.drain.draining else "failed" if registry.load_error else "loading"
+    status = readiness(ctx.registry)
+    if status == "ready":
+        return ctx.respond({"ready": True, "status": status})
     response = ctx.respond({"ready": False, "status": status}, status=503)
     response.headers["retry-after"] = "2"
     return response

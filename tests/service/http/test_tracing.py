@@ -127,9 +127,9 @@ def test_a_grpc_call_is_a_span_in_the_callers_trace_too(tiny_bundle, receiver, t
     RPC conventions do) is in the caller's trace, with its stages beneath."""
     import grpc
 
+    from bench.server import free_port
     from service.rpc.generated import tei_pb2 as tei
     from service.rpc.generated import tei_pb2_grpc as tei_grpc
-    from tests.service.rpc.test_grpc import free_port
 
     port = free_port()
     env = {"HEADWISE_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50", "HEADWISE_GRPC_PORT": str(port)}

@@ -7,7 +7,6 @@ statuses naming the problem (never INTERNAL), and the server's HTTP side keeps s
 
 from __future__ import annotations
 
-import socket
 import time
 
 import grpc
@@ -15,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.server import free_port
 from service.rpc.generated import tei_pb2 as tei
 from service.rpc.generated import tei_pb2_grpc as tei_grpc
 from service.tensors import cosines
@@ -31,12 +31,6 @@ pytestmark = pytest.mark.slow
 
 TEXTS = ["the cat sat on the mat", "a dog barked", "hello world", "the fox is quick and brown"]
 QUERY = "where did the cat sit"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Live:

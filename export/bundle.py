@@ -115,6 +115,7 @@ class _GraphExtras(TypedDict, total=False):
     quantised: int | None
     quality: RetrievalQuality | None
     output_parity: dict[str, Parity]
+    gated_parity: Parity | None
 
 
 class _Fusion(TypedDict):
@@ -295,6 +296,8 @@ def build_bundle(
         with float32_compute(model):  # half-precision weights: computed in float32
             want = verify.grouped(lambda f: verify.torch_outputs(model, *f.values()), feeds, heads)
             want_short, want_attn = verify.torch_reference(model, *short.values())
+            gates = verify.probe_gates(len(short["input_ids"]), cfg.n_layers, cfg.n_heads)
+            want_gated = verify.torch_gated(model, gates, *short.values())
             want_outputs = outputs.torch_outputs(multi, feeds) if multi is not None else {}
         graphs: dict[str, GraphEntry] = {}
 
@@ -327,13 +330,16 @@ def build_bundle(
         shutil.rmtree(attn_raw.parent)
         checking = verify.checking_session(attn_path)
         emb, attn_diff = verify.attention_check(checking, short, want_attn)
-        del checking, want_attn
+        del want_attn
         parity = _check(emb, want_short, "attention.onnx", task, verify.FP32_MIN_COSINE)
         parity = parity.model_copy(update={"attention_max_abs_diff": attn_diff})
         if not attn_diff <= verify.ATTENTION_MAX_ABS:
             raise verify.ParityError(f"attention.onnx: attention maps differ by {attn_diff:.3g}")
+        got_gated = verify.gated_outputs(checking, short, gates)
+        gated = _check(got_gated, want_gated, "attention.onnx gated", task, verify.FP32_MIN_COSINE)
+        del checking
         counts = optimize.op_counts(onnx.load(str(attn_path), load_external_data=False))
-        graphs["attention"] = _graph_entry(attn_path, "fp32", counts, parity)
+        graphs["attention"] = _graph_entry(attn_path, "fp32", counts, parity, gated_parity=gated)
 
         if options.fp16:
             path = tmp / "encoder.fp16.onnx"

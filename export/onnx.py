@@ -17,7 +17,10 @@ import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
+import onnx
 import torch
+from onnx import numpy_helper
 from torch import Tensor, nn
 
 from export import stream
@@ -79,18 +82,33 @@ class ServingGraph(nn.Module):
         return out  # (B, num_labels)
 
 
+HEAD_GATES = "head_gates"
+
+
 class AttentionGraph(nn.Module):
-    """ids, mask[, types] -> primary output and every layer's probabilities (L, B, h, N, N)."""
+    """ids, mask[, types], head gates (B, L, h) -> primary output and every layer's
+    probabilities (L, B, h, N, N).
+
+    The gates multiply each head's output (models/attention.py): ones give the model as it is,
+    a 0 at [b, l, i] runs row b without layer l's head i (/explain's head importance)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor | None = None,
+        head_gates: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         out, attentions = self.model(
-            input_ids, attention_mask, token_type_ids=token_type_ids, need_weights=True
+            input_ids,
+            attention_mask,
+            token_type_ids=token_type_ids,
+            need_weights=True,
+            head_gates=head_gates,
         )
         return out, torch.stack(attentions)  # (B, d), (L, B, h, N, N)
 
@@ -110,11 +128,21 @@ def _export(
     path: Path,
     outputs: list[str],
     dynamic: dict[str, dict[int, str]],
+    gated: bool = False,
 ) -> None:
+    """gated: the graph takes head gates (B, L, h) after its token inputs."""
     module.eval()
-    inputs = graph_inputs(model)
-    axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
-    sample = _sample_inputs(config_of(model).vocab_size, inputs)
+    cfg = config_of(model)
+    tokens = graph_inputs(model)
+    axes = {name: {0: "batch", 1: "sequence"} for name in tokens}
+    sample = _sample_inputs(cfg.vocab_size, tokens)
+    inputs = list(tokens)
+    if gated:
+        inputs.append(HEAD_GATES)
+        axes[HEAD_GATES] = {0: "gate_rows"}
+        # As a keyword: a graph without token types has no third positional input.
+        gates = {HEAD_GATES: torch.ones(2, cfg.n_layers, cfg.n_heads)}
+        sample = (*sample, gates)  # type: ignore[arg-type]
     with torch.no_grad(), warnings.catch_warnings(), stream.shadow_weights(module) as state:
         # The TorchScript exporter is the one whose graph shape ONNX Runtime's BERT fusion
         # matches; it warns that it is deprecated. It traces memoryless stand-ins of the
@@ -157,7 +185,20 @@ def export_serving(model: nn.Module, path: Path, emit_fused: bool = False) -> No
             _export(ServingGraph(model), model, path, [out], {out: {0: "batch"}})
 
 
+def default_gates(path: Path, n_layers: int, n_heads: int) -> None:
+    """Ones (1, L, h) as head_gates' default: a caller that feeds no gates gets the model as it
+    is (an initializer named as a graph input is one the caller may override), and the one row
+    broadcasts over any batch; a caller that gates feeds (B, L, h)."""
+    graph_model = onnx.load(str(path), load_external_data=False)
+    ones = np.ones((1, n_layers, n_heads), dtype=np.float32)
+    graph_model.graph.initializer.append(numpy_helper.from_array(ones, HEAD_GATES))
+    (gates,) = (i for i in graph_model.graph.input if i.name == HEAD_GATES)
+    gates.type.tensor_type.shape.dim[0].dim_param = "gate_rows"  # 1 (the default) or B
+    onnx.save(graph_model, str(path))
+
+
 def export_attention(model: nn.Module, path: Path) -> None:
+    cfg = config_of(model)
     out = primary_output(model)
     _export(
         AttentionGraph(model),
@@ -165,4 +206,6 @@ def export_attention(model: nn.Module, path: Path) -> None:
         path,
         [out, "attentions"],
         {out: output_axes(out), "attentions": {1: "batch", 3: "sequence", 4: "sequence_k"}},
+        gated=True,
     )
+    default_gates(path, cfg.n_layers, cfg.n_heads)

@@ -151,6 +151,46 @@ def torch_reference(
     return out.numpy(), torch.stack(attentions).numpy()
 
 
+def probe_gates(rows: int, n_layers: int, n_heads: int) -> np.ndarray:
+    """Head gates (rows, L, h) for the gated check: probe b runs without head b mod L·h (heads
+    counted layer by layer), so the probes between them remove heads of every layer."""
+    gates = np.ones((rows, n_layers * n_heads), dtype=np.float32)
+    gates[np.arange(rows), np.arange(rows) % (n_layers * n_heads)] = 0.0
+    return gates.reshape(rows, n_layers, n_heads)
+
+
+def torch_gated(
+    model: nn.Module,
+    gates: np.ndarray,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    token_type_ids: np.ndarray | None = None,
+) -> np.ndarray:
+    """The primary output with each probe's heads gated (models/attention.py)."""
+    types = None if token_type_ids is None else torch.from_numpy(token_type_ids)
+    with torch.no_grad():
+        out, _ = model(
+            torch.from_numpy(ids),
+            torch.from_numpy(mask),
+            token_type_ids=types,
+            head_gates=torch.from_numpy(gates),
+        )
+    return cast(np.ndarray, out.numpy())
+
+
+def gated_outputs(
+    session: ort.InferenceSession, short: dict[str, np.ndarray], gates: np.ndarray
+) -> np.ndarray:
+    """The attention graph's primary output with `gates` fed as its head_gates."""
+    primary = session.get_outputs()[0].name
+    out = []
+    for start in range(0, len(short["input_ids"]), ATTENTION_ROWS):
+        rows = slice(start, start + ATTENTION_ROWS)
+        feeds = {name: x[rows] for name, x in short.items()} | {"head_gates": gates[rows]}
+        out.append(session.run([primary], feeds)[0])
+    return np.concatenate(out)
+
+
 def attention_diff(got: np.ndarray, want: np.ndarray, mask: np.ndarray) -> float:
     """Max |got - want| of attention maps (L, B, h, N, N) over the rows whose query is a real
     token. A padding query's row is defined by nothing: in a local layer all of its window may

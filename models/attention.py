@@ -15,6 +15,10 @@ What the newer encoders add, each a switch of this one module:
   a local window (models/windows.py), DeBERTa's disentangled terms (models/disentangled.py),
   and tanh soft-capping of the scores (Gemma 2 style: cap · tanh(s / cap)).
 
+Head gates (Michel, Levy & Neubig 2019): head_i's output is multiplied by a gate ξ_i before
+the heads are merged, MHA = concat(ξ_1 head_1 … ξ_h head_h) W_O. ξ_i = 0 removes head i, as
+zeroing its d_k columns of W_O does; ∂L/∂ξ_i is the head's importance (export/heads.py).
+
 Masks are additive: 0 where a key may be attended, MASK_VALUE where it may not. A finite
 MASK_VALUE (not -inf) keeps a row whose keys are all masked finite: it becomes uniform
 instead of NaN. The explicit path is also the graph shape that ONNX Runtime's BERT optimizer
@@ -85,6 +89,13 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
         return x
     x = x[:, :, None].expand(-1, -1, groups, -1, -1)  # (B, h_kv, groups, N, d_k)
     return x.flatten(1, 2)  # (B, h, N, d_k)
+
+
+def gated(context: Tensor, head_gates: Tensor | None) -> Tensor:
+    """Each head's output times its gate: context (B, h, N, d_k), head_gates (B, h)."""
+    if head_gates is None:
+        return context
+    return context * head_gates[:, :, None, None].to(context.dtype)  # (B, h, N, d_k)
 
 
 class MultiHeadAttention(nn.Module):
@@ -181,6 +192,7 @@ class MultiHeadAttention(nn.Module):
         window: Tensor | None = None,
         rotary: tuple[Tensor, Tensor] | None = None,
         relative: tuple[Tensor, Tensor] | None = None,
+        head_gates: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """query (B, N_q, d); key/value (B, N_k, d), default: self-attention on query.
 
@@ -189,6 +201,7 @@ class MultiHeadAttention(nn.Module):
         window: additive band (1, 1, N_q, N_k) of a local layer, added to the padding mask.
         rotary: cos, sin (N, r) for the positions 0 … N-1 of queries and keys alike.
         relative: DeBERTa's shared relative embeddings (2S, d) and bucketed i - j (N_q, N_k).
+        head_gates: (B, h), each head's output multiplied by its gate before the merge.
         Returns the output (B, N_q, d) and, with need_weights, the probabilities (B, h, N_q, N_k).
         """
         key = query if key is None else key
@@ -208,6 +221,8 @@ class MultiHeadAttention(nn.Module):
         if self.relative is not None and relative is not None:
             extra = self.relative(q, k, *relative, self.q_proj, self.k_proj)
         if fused is not None:
+            if head_gates is not None:
+                raise ValueError("head gates need the explicit path: fused kernels merge heads")
             context = self._attend_fused(
                 fused, q, k, v, key_padding_mask, causal, window, extra, bias
             )
@@ -237,8 +252,8 @@ class MultiHeadAttention(nn.Module):
                 dropout_p=p_drop,
                 scale=1.0 / math.sqrt(self.scale_dim),
                 enable_gqa=self.groups > 1,
-            )
-            return self.out_proj(self._merge_heads(context)), None
+            )  # (B, h, N_q, d_k)
+            return self.out_proj(self._merge_heads(gated(context, head_gates))), None
 
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)  # (B, h, N_k, d_k)
         scores = torch.matmul(q, k.transpose(-1, -2))  # (B, h, N_q, N_k)
@@ -255,5 +270,5 @@ class MultiHeadAttention(nn.Module):
             scores = scores + bias  # (B, h, N_q, N_k)
         weights = torch.softmax(scores, dim=-1)  # (B, h, N_q, N_k), rows sum to 1
         context = torch.matmul(F.dropout(weights, p_drop, self.training), v)  # (B, h, N_q, d_k)
-        out = self.out_proj(self._merge_heads(context))  # (B, N_q, d)
+        out = self.out_proj(self._merge_heads(gated(context, head_gates)))  # (B, N_q, d)
         return out, (weights if need_weights else None)

@@ -61,8 +61,11 @@ class LastTokenHead(nn.Module):
         attention_mask: Tensor,
         token_type_ids: Tensor | None = None,
         need_weights: bool = False,
+        head_gates: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
-        out = self.encoder(input_ids, attention_mask, need_weights=need_weights)
+        out = self.encoder(
+            input_ids, attention_mask, need_weights=need_weights, head_gates=head_gates
+        )
         counted = attention_mask
         if self.skip_id is not None:
             counted = attention_mask * (input_ids != self.skip_id).to(attention_mask.dtype)

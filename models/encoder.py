@@ -80,14 +80,17 @@ class EncoderLayer(nn.Module):
         mask: Tensor,
         need_weights: bool = False,
         bias: Tensor | None = None,
+        head_gates: Tensor | None = None,
         **positional: tuple[Tensor, Tensor] | Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, N, d); mask (B, N) 1 = real token; positional: window, rotary, relative."""
+        """x (B, N, d); mask (B, N) 1 = real token; head_gates (B, h); positional: window,
+        rotary, relative."""
         attend = dict(
             key_padding_mask=mask,
             causal=self.causal,
             need_weights=need_weights,
             bias=bias,
+            head_gates=head_gates,
             **positional,
         )
         if self.placement == "post":
@@ -161,7 +164,9 @@ class Encoder(nn.Module):
         attention_mask: Tensor,
         token_type_ids: Tensor | None = None,
         need_weights: bool = False,
+        head_gates: Tensor | None = None,
     ) -> EncoderOutput:
+        """head_gates: (B, L, h), layer l's head i multiplied by [:, l, i] (models/attention.py)."""
         x = self.embeddings(input_ids, token_type_ids)  # (B, N, d)
         n, device = input_ids.shape[1], input_ids.device
         bias = None
@@ -179,12 +184,13 @@ class Encoder(nn.Module):
         rotary = {k: self._rotary(n, k, device) for k in kinds} if self.rotary_dim else {}
         window = window_mask(n, self.cfg.local_window, device, x.dtype) if True in kinds else None
         attentions = []
-        for layer in layers:
+        for i, layer in enumerate(layers):
             x, weights = layer(
                 x,
                 attention_mask,
                 need_weights=need_weights,
                 bias=bias,
+                head_gates=None if head_gates is None else head_gates[:, i],
                 window=window if layer.local else None,
                 rotary=rotary.get(layer.local),
                 relative=relative,
@@ -212,8 +218,15 @@ class SentenceEncoder(nn.Module):
         token_type_ids: Tensor | None = None,
         normalize: bool = False,
         need_weights: bool = False,
+        head_gates: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
-        out = self.encoder(input_ids, attention_mask, token_type_ids, need_weights=need_weights)
+        out = self.encoder(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            need_weights=need_weights,
+            head_gates=head_gates,
+        )
         pooled = self.pool(out.hidden, attention_mask)  # (B, d_out)
         if normalize:
             pooled = F.normalize(pooled, p=2, dim=-1)

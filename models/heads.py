@@ -73,7 +73,14 @@ class SequenceClassifier(nn.Module):
         attention_mask: Tensor,
         token_type_ids: Tensor | None = None,
         need_weights: bool = False,
+        head_gates: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
-        out = self.encoder(input_ids, attention_mask, token_type_ids, need_weights=need_weights)
+        out = self.encoder(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            need_weights=need_weights,
+            head_gates=head_gates,
+        )
         pooled = self.pool(out.hidden, attention_mask)  # (B, d)
         return self.head(pooled), out.attentions  # (B, num_labels)

@@ -220,8 +220,15 @@ class MultiOutputEncoder(nn.Module):
         token_type_ids: Tensor | None = None,
         normalize: bool = False,
         need_weights: bool = False,
+        head_gates: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
-        out = self.encoder(input_ids, attention_mask, token_type_ids, need_weights=need_weights)
+        out = self.encoder(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            need_weights=need_weights,
+            head_gates=head_gates,
+        )
         primary = self.heads(out.hidden, attention_mask)[self.spec.graph_outputs[0]]
         if normalize and self.spec.dense:
             primary = F.normalize(primary, p=2, dim=-1)

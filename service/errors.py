@@ -78,6 +78,12 @@ class WrongTask(HeadwiseError):
     status, kind, code = 400, "invalid_request_error", "model_task_mismatch"
 
 
+class Unsupported(HeadwiseError):
+    """The model cannot do what the request asks here (its bundle, or a switched-off feature)."""
+
+    status, kind, code = 400, "invalid_request_error", "unsupported_by_model"
+
+
 class Overloaded(HeadwiseError):
     status, kind = 429, "overloaded"
 

@@ -95,6 +95,10 @@ class GraphEntry(FileEntry):
     quality: RetrievalQuality | None = None  # int8 of an embedding model: what its gate measured
     # The serving graph's other outputs (sparse, token vectors) against PyTorch, by output name.
     output_parity: dict[str, Parity] = Field(default_factory=dict)
+    # The attention graph of this version takes `head_gates` (B, L, h), default ones, each
+    # head's output multiplied by its gate (/explain's head importance): how its output with
+    # heads gated compares with PyTorch's. None: a graph without gates (re-export for them).
+    gated_parity: Parity | None = None
 
     @property
     def total_bytes(self) -> int:

@@ -182,8 +182,8 @@ class Model:
     @property
     def serving_batchers(self) -> list[DynamicBatcher]:
         """Those that run the serving graph (each may hold its largest batch at once)."""
-        attention = self.attention.batcher if self.attention else None
-        return [b for b in self.batchers if b is not attention]
+        attention = self.attention.batchers if self.attention else []
+        return [b for b in self.batchers if b not in attention]
 
 
 def build_model(
@@ -270,7 +270,7 @@ def build_model(
         model.attention = AttentionPipeline(
             name, templated(backend), settings, metrics, own, session_cost(settings, backend)
         )
-        model.batchers.append(model.attention.batcher)
+        model.batchers += model.attention.batchers
     serving = model.embed or model.score
     assert serving is not None
     # Warm-up times each session through its primary batcher: the main lane up to the longest

@@ -56,6 +56,7 @@ class Batch:
     input_ids: np.ndarray  # (B, N) int64
     attention_mask: np.ndarray  # (B, N) int64, 1 = real token
     token_type_ids: np.ndarray | None = None  # (B, N) int64
+    head_gates: np.ndarray | None = None  # (B, L, h) float32, the attention graph's; None: ones
 
     @classmethod
     def of(
@@ -64,20 +65,33 @@ class Batch:
         pad_id: int = 0,
         types: Sequence[Sequence[int] | None] | None = None,
         masks: Sequence[Sequence[int] | None] | None = None,
+        gates: Sequence[np.ndarray | None] | None = None,
     ) -> Batch:
+        """gates: a sequence's head gates (L, h), None: ones (every head)."""
         ids, mask = pad_batch(sequences, pad_id, masks)
         type_ids = None
         if types is not None and any(t is not None for t in types):
             type_ids = pad_types([t or () for t in types], ids.shape[1])
-        return cls(ids, mask, type_ids)
+        head_gates = None
+        given = [g for g in gates or () if g is not None]
+        if given:
+            head_gates = np.ones((len(sequences), *given[0].shape), dtype=np.float32)
+            for row, g in enumerate(gates or ()):
+                if g is not None:
+                    head_gates[row] = g
+        return cls(ids, mask, type_ids, head_gates)
 
     def feeds(self, names: Sequence[str]) -> dict[str, np.ndarray]:
-        """The arrays a graph with these input names takes (types default to zeros)."""
+        """The arrays a graph with these input names takes (types default to zeros), and the
+        head gates when there are any (the attention graph's input with a default)."""
         out = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         if "token_type_ids" in names:
             types = self.token_type_ids
             out["token_type_ids"] = types if types is not None else np.zeros_like(self.input_ids)
-        return {name: out[name] for name in names}
+        feeds = {name: out[name] for name in names}
+        if self.head_gates is not None:
+            feeds["head_gates"] = self.head_gates
+        return feeds
 
     def __len__(self) -> int:
         return len(self.input_ids)

@@ -164,10 +164,12 @@ class DynamicBatcher:
         deadline: float,
         types: Sequence[Sequence[int]] | None = None,
         masks: Sequence[Sequence[int]] | None = None,
+        gates: Sequence[Any] | None = None,
     ) -> list[Item]:
         """Queue every sequence or none (429 when they don't fit); one item (future) each.
         deadline: the monotonic time by which its request must be answered. masks: each
-        sequence's own attention mask (an explanation leaves tokens out), default all ones."""
+        sequence's own attention mask (an explanation leaves tokens out), default all ones;
+        gates: its head gates (L, h) for the attention graph (an explanation leaves heads out)."""
         if self._closing:
             raise Unavailable("the server is shutting down", retry_after=1)
         if len(self._queue) + len(sequences) > self.policy.max_queue:
@@ -180,9 +182,10 @@ class DynamicBatcher:
         now = time.monotonic()
         kinds = types if types is not None else [None] * len(sequences)
         own = masks if masks is not None else [None] * len(sequences)
+        gated = gates if gates is not None else [None] * len(sequences)
         items = [
-            Item(seq, loop.create_future(), now, deadline, kind, mask)
-            for seq, kind, mask in zip(sequences, kinds, own, strict=True)
+            Item(seq, loop.create_future(), now, deadline, kind, mask, gate)
+            for seq, kind, mask, gate in zip(sequences, kinds, own, gated, strict=True)
         ]
         for it in items:
             it.future.add_done_callback(self._on_done)
@@ -295,6 +298,7 @@ class DynamicBatcher:
                 self._pad_id,
                 [it.types for it in batch],
                 [it.mask for it in batch],
+                [it.gates for it in batch],
             )
             started = time.monotonic()
             for it in batch:

@@ -4,6 +4,7 @@ pre:  tokenize(texts) / tokenize_pairs(pairs) -> encodings (truncated at the max
 core: run(batch) -> (B, d) pooled embeddings or (B, labels) logits   (the fused serving graph)
       run_outputs(batch) -> every output by name (sparse, token vectors; one run)
       attend(batch) -> primary output, attentions (L, B, h, N, N)     (the unfused debug graph)
+      gated(batch) -> primary output, each row with its head gates     (the same graph)
 post: normalisation, dimensions, activations are per request, in the pipelines
 """
 
@@ -75,6 +76,7 @@ class Backend(Protocol):
     def run(self, batch: Batch) -> np.ndarray: ...
     def run_tokens(self, batch: Batch) -> np.ndarray | None: ...
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]: ...
+    def gated(self, batch: Batch) -> np.ndarray: ...
     def run_long(self, batch: Batch) -> np.ndarray: ...
     def run_outputs(self, batch: Batch, long: bool = False) -> dict[str, np.ndarray]: ...
     def warmup(self) -> None: ...
@@ -314,6 +316,17 @@ class OnnxBackend:
             None, batch.feeds(_inputs(self.attention_session)), self._run_opts
         )
         return primary, attn
+
+    def gated(self, batch: Batch) -> np.ndarray:
+        """The attention graph's primary output alone, each row with its head gates (a graph
+        exported with them: GraphEntry.gated_parity)."""
+        if self.attention_session is None:
+            raise RuntimeError("attention graph not loaded")
+        primary = self.attention_session.get_outputs()[0].name
+        (out,) = self.attention_session.run(
+            [primary], batch.feeds(_inputs(self.attention_session)), self._run_opts
+        )
+        return np.asarray(out)
 
     def warmup(self) -> None:
         """Each session once, at the longest input it will run (the long lane's: a short one,

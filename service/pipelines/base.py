@@ -46,6 +46,7 @@ class Prepared:
     extra: Any = None  # what the pipeline wants back (its encodings)
     masks: list[list[int]] | None = None  # each sequence's own attention mask (default ones)
     pieces: list[int] | None = None  # queue this many sequences at a time, in turn (sum: all)
+    gates: list[Any] | None = None  # each sequence's head gates (L, h) (default all ones)
 
     def split(self) -> list[Prepared]:
         """The pieces to queue one after another (one: the whole)."""
@@ -58,7 +59,8 @@ class Prepared:
             part = slice(start, start + size)
             types = self.types[part] if self.types is not None else None
             masks = self.masks[part] if self.masks is not None else None
-            out.append(Prepared(self.sequences[part], types, masks=masks))
+            gates = self.gates[part] if self.gates is not None else None
+            out.append(Prepared(self.sequences[part], types, masks=masks, gates=gates))
             start += size
         return out
 
@@ -136,16 +138,20 @@ class Intake:
 
     def _submit(self, prepared: Prepared, deadline: float) -> list[Item]:
         """Every sequence queued in its lane (or none: 429), its item at its own index."""
-        seqs, types, masks = prepared.sequences, prepared.types, prepared.masks
+        seqs, types, masks, gates = prepared.sequences, prepared.types, prepared.masks, prepared.gates
         lanes = self.lanes([len(x) for x in seqs])
         if len(lanes) == 1:
-            return lanes[0][0].submit(seqs, deadline, types, masks)
+            return lanes[0][0].submit(seqs, deadline, types, masks, gates)
         items: list[Item | None] = [None] * len(seqs)
         queued: list[Item] = []
         try:
             for batcher, idx in lanes:
                 got = batcher.submit(
-                    _pick(seqs, idx) or [], deadline, _pick(types, idx), _pick(masks, idx)
+                    _pick(seqs, idx) or [],
+                    deadline,
+                    _pick(types, idx),
+                    _pick(masks, idx),
+                    _pick(gates, idx),
                 )
                 queued += got
                 for i, it in zip(idx, got, strict=True):

@@ -251,6 +251,9 @@ class TemplatedBackend:
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         return self.backend.attend(batch)
 
+    def gated(self, batch: Batch) -> np.ndarray:
+        return self.backend.gated(batch)
+
     def run_long(self, batch: Batch) -> np.ndarray:
         return self.backend.run_long(batch)
 

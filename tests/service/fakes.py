@@ -169,6 +169,14 @@ class FakeBackend:
         maps = np.broadcast_to(rows[None, :, None, None, :], (m.num_layers, len(batch), m.num_heads, n, n))
         return self.vectors(batch), np.ascontiguousarray(maps)
 
+    def gated(self, batch: Batch) -> np.ndarray:
+        """The vectors, each row scaled by the mean of its head gates (ones: unchanged)."""
+        self._hold(batch)
+        out = self.vectors(batch)
+        if batch.head_gates is None:
+            return out
+        return out * batch.head_gates.reshape(len(batch), -1).mean(1, keepdims=True)
+
     def warmup(self) -> None:
         pass
 

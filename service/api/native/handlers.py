@@ -25,6 +25,7 @@ from service.pipelines.base import as_list, check_texts
 from service.pipelines.chunking import Chunking
 from service.pipelines.compact import compact, with_pieces
 from service.pipelines.embed import Tokenizing
+from service.pipelines.explain.heads import HeadsExplained
 from service.pipelines.outputs import sparse_entries
 from service.pipelines.plan import Encoded, EncodePlan, plan
 from service.registry import OUTPUT_CAPABILITIES, Model
@@ -138,6 +139,13 @@ async def explain(ctx: Context, body: ExplainRequest) -> Response:
     assert pipe is not None
     q = pipe.question(body.form, body.texts, body.granularity, body.target, body.truncate)
     out = await pipe.explain(ctx.call, q)
+    payload: dict[str, object] = {"model": model.name, "granularity": q.granularity}
+    if out.score is not None:
+        payload["score"] = out.score
+    if out.target is not None:
+        payload["target"] = out.target
+    if out.heads is not None:
+        return ctx.respond(payload | _heads(out.heads) | {"truncated": out.truncated}, out.timings)
     parts = [
         [
             {
@@ -153,11 +161,6 @@ async def explain(ctx: Context, body: ExplainRequest) -> Response:
             out.texts, out.parts, out.importance, out.attention, strict=True
         )
     ]
-    payload: dict[str, object] = {"model": model.name, "granularity": q.granularity}
-    if out.score is not None:
-        payload["score"] = out.score
-    if out.target is not None:
-        payload["target"] = out.target
     payload |= {
         "parts": parts,
         "spearman": out.spearman,
@@ -165,6 +168,21 @@ async def explain(ctx: Context, body: ExplainRequest) -> Response:
         "attention_note": out.attention_note,
     }
     return ctx.respond(payload, out.timings)
+
+
+def _heads(out: HeadsExplained) -> dict[str, object]:
+    layers, heads = out.importance.shape
+    rows = [
+        {
+            "layer": layer,
+            "head": head,
+            "importance": float(out.importance[layer, head]),
+            **{name: float(v[layer, head]) for name, v in out.stats.items()},
+        }
+        for layer in range(layers)
+        for head in range(heads)
+    ]
+    return {"heads": rows, "head_spearman": out.spearman}
 
 
 async def attention_view(ctx: Context, body: None = None) -> Response:

@@ -246,10 +246,11 @@ class ExplainRequest(Strict):
         None, description="[a, b]: an embedder's cosine similarity of two texts"
     )
     model: ModelName = None
-    granularity: Literal["token", "word"] = Field(
+    granularity: Literal["token", "word", "head"] = Field(
         "token",
-        description="leave out one token at a time, or one of the tokenizer's words (all its "
-        "tokens at once)",
+        description="leave out one token at a time, one of the tokenizer's words (all its "
+        "tokens at once), or one attention head at a time (layer by layer, in every text of "
+        "the request at once; on the attention graph)",
     )
     target: Text | None = Field(
         None, description="a classifier's label to explain; default: its top label"
@@ -290,9 +291,24 @@ class ExplainPart(BaseModel):
     )
 
 
+class ExplainHead(BaseModel):
+    layer: int
+    head: int
+    importance: float = Field(description="how much leaving the head out changes the output")
+    entropy: float = Field(
+        description="its attention statistics over the whole text, as "
+        "/attention gives them (a similarity's two texts averaged)"
+    )
+    max_weight: float
+    cls_mass: float
+    sep_mass: float
+    mean_distance: float
+    diagonal_mass: float
+
+
 class ExplainResponse(BaseModel):
     model: str
-    granularity: Literal["token", "word"]
+    granularity: Literal["token", "word", "head"]
     score: float | None = Field(
         None,
         description="unperturbed: the cosine (similarity), the relevance (a reranker's pair), "
@@ -300,14 +316,22 @@ class ExplainResponse(BaseModel):
     )
     target: str | None = Field(None, description="the label explained (classifiers)")
     parts: list[list[ExplainPart]] = Field(
+        default_factory=list,
         description="one list per text (input: one; pair, similarity: two); special tokens "
-        "are no parts"
+        "are no parts; absent for granularity head",
     )
     spearman: list[float | None] = Field(
+        default_factory=list,
         description="per text, the rank correlation of importance and attention over its "
-        "parts (ties averaged); null where undefined"
+        "parts (ties averaged); null where undefined; absent for granularity head",
+    )
+    heads: list[ExplainHead] | None = Field(
+        None, description="granularity head: every head, layer by layer"
+    )
+    head_spearman: dict[str, float | None] | None = Field(
+        None,
+        description="granularity head: per attention statistic, its rank correlation with "
+        "the heads' importance (ties averaged); null where undefined",
     )
     truncated: bool
-    attention_note: str | None = Field(
-        None, description="why attention is null, when it is"
-    )
+    attention_note: str | None = Field(None, description="why attention is null, when it is")

@@ -3,6 +3,10 @@
 It has its own small queue and thread, so that debugging never starves /encode, and everything
 heavy after inference (slicing, statistics, serialisation: tens to hundreds of ms for a long
 text) runs on a worker thread, never on the event loop.
+
+The same graph, exported with head gates (GraphEntry.gated_parity), also runs a text with heads
+left out (`gated`, /explain's head importance): its primary output alone, many rows a batch, on
+a batcher of its own held to the same budget and CPU share.
 """
 
 from __future__ import annotations
@@ -105,6 +109,43 @@ class AttentionPipeline:
         )
         admission.batchers.append(self.batcher)
         self.intake = Intake(self.batcher, admission, metrics, "attention", name)
+        self.gated: Intake | None = None
+        if self.manifest.graphs["attention"].gated_parity is not None:
+            gated = DynamicBatcher(
+                backend.gated,
+                BatchPolicy(
+                    max_batch_tokens=settings.explain_batch_tokens,
+                    max_wait_s=0.0,
+                    max_padding_ratio=1.0,
+                    max_queue=settings.attention_queue * policy.max_queue * 64,
+                ),
+                metrics.observer("heads", name),
+                f"heads-{name}",
+                self.manifest.special_tokens.pad,
+                cost=cost,
+                device=admission.device,
+            )
+            admission.batchers.append(gated)
+            self.gated = Intake(gated, admission, metrics, "heads", name)
+
+    @property
+    def batchers(self) -> list[DynamicBatcher]:
+        """Its graph's: the maps', and the gated runs' when the graph takes gates."""
+        return [self.batcher] + ([self.gated.batcher] if self.gated is not None else [])
+
+    @property
+    def heads(self) -> int:
+        """Layers x heads: the gates of one run."""
+        return self.manifest.num_layers * self.manifest.num_heads
+
+    def gated_rows(self, n: int) -> int:
+        """Rows of n tokens run with gates at once: the explanation's batch tokens, the gated
+        batcher's size, and the budget (each row computes every layer's maps inside)."""
+        assert self.gated is not None
+        per_row = self.heads * n * n
+        policy = self.gated.batcher.policy
+        fits = min(self.settings.explain_batch_tokens // n, self.budget.limit // per_row)
+        return max(1, min(policy.max_batch_size, fits))
 
     def _infer(self, batch: Batch) -> list[tuple[np.ndarray, np.ndarray]]:
         primary, attn = self.backend.attend(batch)  # (B, d), (L, B, h, N, N)
@@ -175,12 +216,17 @@ class AttentionPipeline:
     async def _hold(self, prepared: Prepared) -> AsyncIterator[None]:
         """What the graph computes for this text, whatever is selected (all layers and heads),
         held against the shared budget; then the call's turn (the CPU share)."""
-        n = len(prepared.sequences[0])
-        computed = self.manifest.num_layers * self.manifest.num_heads * n * n
+        computed = sum(self.heads * len(s) ** 2 for s in prepared.sequences)
         async with (
             self.budget.hold(computed, retry_after=self.pacer.wait_s + 1),
             self.pacer.turn(),
         ):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def hold(self, prepared: Prepared) -> AsyncIterator[None]:
+        """The budget and CPU share, for runs of this graph queued elsewhere (gated ones)."""
+        async with self._hold(prepared):
             yield
 
     async def run(self, call: Call, q: Query) -> Rendered:
@@ -188,8 +234,13 @@ class AttentionPipeline:
             ((primary, maps),) = ran.rows
             prepared = ran.prepared
             body, media_type = await call.offload(
-                self._render, q, prepared.extra, prepared.sequences[0], bool(prepared.truncated),
-                primary, maps,
+                self._render,
+                q,
+                prepared.extra,
+                prepared.sequences[0],
+                bool(prepared.truncated),
+                primary,
+                maps,
             )
             return Rendered(body, media_type, ran.timings)
 
@@ -216,6 +267,31 @@ class AttentionPipeline:
                 "(HEADWISE_ATTENTION_BUDGET_NUMBERS)"
             )
         return None
+
+    async def stats(
+        self, call: Call, ids: list[int], types: list[int] | None
+    ) -> dict[str, np.ndarray]:
+        """Every head's statistics over an already tokenised input, as /attention gives them,
+        under /attention's own budget and CPU share -> each (L, h)."""
+        prepared = Prepared([ids], [types] if types is not None else None)
+
+        async def ready() -> Prepared:
+            return prepared
+
+        async def statistics(ran: Ran[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+            ((_, maps),) = ran.rows
+            n, special = len(ids), self.manifest.special_tokens
+            cls_index = _index_of(ids, special.cls)
+            sep_index = _index_of(ids, special.sep, last=True)
+            out: dict[str, np.ndarray] = await call.offload(
+                analysis.head_stats, maps[:, :, :n, :n], cls_index, sep_index
+            )
+            return out
+
+        result: dict[str, np.ndarray] = await self.intake.run(
+            call, ready, hold=self._hold, then=statistics
+        )
+        return result
 
     async def rollout(self, call: Call, ids: list[int], types: list[int] | None) -> np.ndarray:
         """Attention rollout over an already tokenised input, as /attention's importance
@@ -283,4 +359,6 @@ class AttentionPipeline:
             payload["boundary"] = sequence_ids.index(1) if 1 in sequence_ids else n
         if self.manifest.task == "embed" and "dense" in self.manifest.outputs:
             payload["embedding"] = l2_normalize(primary[None, :].astype(np.float32))[0]
-        return with_maps(payload, "attentions", encode_maps(selected, q.encoding)), "application/json"
+        return with_maps(
+            payload, "attentions", encode_maps(selected, q.encoding)
+        ), "application/json"

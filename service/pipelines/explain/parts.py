@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 from tokenizers import Encoding
 
-Granularity = Literal["token", "word"]
+Granularity = Literal["token", "word", "head"]  # head: explain/heads.py, no parts
 
 
 @dataclass(frozen=True)

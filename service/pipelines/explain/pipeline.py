@@ -12,6 +12,8 @@ importance of a part:
   embedder, two texts:  cos(a, b) - cos(a without the part, b)   (and so for b's parts)
   reranker, classifier: score(text) - score(text without the part); a reranker's score is its
                         relevance (sigmoid of the logit), a classifier's the target's probability
+
+granularity "head" leaves out heads instead of parts, on /attention's graph (explain/heads.py).
 """
 
 from __future__ import annotations
@@ -19,20 +21,21 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 from tokenizers import Encoding
 
 from service.engine.batcher import DynamicBatcher
 from service.engine.runtime import Backend
-from service.errors import Overloaded, PayloadTooLarge
+from service.errors import Overloaded, PayloadTooLarge, Unsupported
 from service.pipelines.attention.limits import Pacer
 from service.pipelines.attention.pipeline import AttentionPipeline
 from service.pipelines.base import Intake, Prepared, Ran, check_texts
-from service.pipelines.call import Call, Timings
+from service.pipelines.call import Call
 from service.pipelines.embed import EmbedPipeline
 from service.pipelines.explain import importance
+from service.pipelines.explain.ablation import HeadAblation
+from service.pipelines.explain.answer import Explained, Subject
 from service.pipelines.explain.parts import Granularity, Part, occluded, parts_of, spearman
 from service.pipelines.explain.question import FORMS, Form, Question, check_form, check_target
 from service.pipelines.score import ScorePipeline
@@ -53,29 +56,6 @@ class Traffic:
     def waiting(self) -> bool:
         """Others' work is queued or running: a pacer asks between two pieces of ours."""
         return any(b.busy for b in self._batchers())
-
-
-@dataclass
-class Subject:
-    """One sequence the graph runs, whole and with each of its parts left out."""
-
-    ids: list[int]
-    types: list[int] | None
-    parts: list[Part]
-
-
-@dataclass
-class Explained:
-    texts: tuple[str, ...]
-    parts: list[list[Part]]  # per text
-    importance: list[list[float]]  # per text, per part
-    attention: list[list[float] | None]  # per text, per part (None: no attention to compare)
-    spearman: list[float | None]
-    score: float | None  # the unperturbed score (none for an embedder's one text)
-    target: str | None  # the label a classifier's score is the probability of
-    truncated: bool
-    attention_note: str | None  # why attention is missing, when it is
-    timings: Timings = field(default_factory=Timings)
 
 
 class ExplainPipeline:
@@ -118,11 +98,26 @@ class ExplainPipeline:
         check_form(self.name, task, form)
         check_texts(list(texts), self.settings, form)
         check_target(self.name, task, target, self.score.labels if self.score else [])
+        if granularity == "head" and (why := self.heads_unavailable()) is not None:
+            raise Unsupported(f"granularity head: {why}", param="granularity")
         return Question(form, texts, granularity, target, truncate)
+
+    def heads_unavailable(self) -> str | None:
+        """Why this model cannot leave heads out here (None: it can)."""
+        if self.attention is None:
+            if not self.settings.attention_enabled:
+                return "it runs on the attention graph, switched off (HEADWISE_ATTENTION_ENABLED)"
+            return f"model {self.name!r}'s bundle has no attention graph"
+        if self.attention.gated is None:
+            return (
+                f"model {self.name!r}'s attention graph takes no head gates: its bundle predates "
+                "them; export it again with this version"
+            )
+        return None
 
     # --- tokenise, bound, and the variants -------------------------------------------------
 
-    async def _tokenized(self, call: Call, q: Question) -> tuple[list[Encoding], str]:
+    async def tokenized(self, call: Call, q: Question) -> tuple[list[Encoding], str]:
         """The encodings (one per sequence) and the prompt before each text (an embedder's
         default, as /encode gives it)."""
         if q.form == "pair":
@@ -133,11 +128,13 @@ class ExplainPipeline:
         encodings, _ = await call.tokenize(self.backend.tokenize, [prompt + t for t in q.texts])
         return encodings, prompt
 
-    def _too_long(self, q: Question, encodings: list[Encoding]) -> None:
+    def too_long(self, q: Question, encodings: list[Encoding]) -> None:
         limit = self.manifest.max_length
         for i, enc in enumerate(encodings):
             if enc.overflowing and not q.truncate:
-                what = {"pair": "the pair", "input": "the input"}.get(q.form, f"similarity text {i}")
+                what = {"pair": "the pair", "input": "the input"}.get(
+                    q.form, f"similarity text {i}"
+                )
                 raise PayloadTooLarge(
                     f"{what} has more than {limit} tokens, the model's limit "
                     "(send truncate: true to cut it)",
@@ -158,26 +155,43 @@ class ExplainPipeline:
 
     def _bound(self, subjects: list[Subject]) -> None:
         """HEADWISE_EXPLAIN_MAX_WORK, and the deadline at the measured cost: 413."""
-        work = sum(len(s.ids) * (1 + len(s.parts)) for s in subjects)
+        shapes = [(len(s.ids), 1 + len(s.parts)) for s in subjects]
+        advice = "send a shorter text, or granularity: word"
+        self.bound(shapes, self.intake.batcher, self._per_piece, advice, " (one pass per word)")
+
+    def bound(
+        self,
+        shapes: list[tuple[int, int]],
+        batcher: DynamicBatcher,
+        per_piece: Callable[[int], int],
+        advice: str,
+        why: str = "",
+    ) -> None:
+        """413 for passes of n-token sequences, (n, passes) each, queued `per_piece(n)` at a time
+        on `batcher`: past HEADWISE_EXPLAIN_MAX_WORK, or past the deadline at its measured cost.
+        advice: what to send instead; why: what the work limit's advice adds."""
+        work = sum(n * passes for n, passes in shapes)
         limit = self.settings.explain_max_work
-        shape = " + ".join(f"{len(s.ids)} tokens x {1 + len(s.parts)} passes" for s in subjects)
+        shape = " + ".join(f"{n} tokens x {passes} passes" for n, passes in shapes)
         if work > limit:
             raise PayloadTooLarge(
                 f"this explanation computes {shape} = {work} tokens x passes; the limit is "
-                f"{limit} (HEADWISE_EXPLAIN_MAX_WORK): send a shorter text, or granularity: "
-                "word (one pass per word)",
+                f"{limit} (HEADWISE_EXPLAIN_MAX_WORK): {advice}{why}",
                 param="granularity",
             )
-        seconds = sum(self._seconds(len(s.ids), 1 + len(s.parts)) for s in subjects)
+        seconds = 0.0
+        for n, passes in shapes:  # in the pieces they are queued in
+            per = per_piece(n)
+            full, rest = divmod(passes, per)
+            seconds += full * batcher.batch_s(per, n) + (batcher.batch_s(rest, n) if rest else 0.0)
         budget = self.settings.request_timeout_s * self.settings.admission_headroom
         if seconds > budget:
-            source = self.intake.batcher.cost.source
             raise PayloadTooLarge(
                 f"this explanation computes {work} tokens x passes: about {seconds:.1f} s on "
-                f"this server (its cost per batch {source}), past "
+                f"this server (its cost per batch {batcher.cost.source}), past "
                 f"{100 * self.settings.admission_headroom:.0f} % of the request deadline of "
                 f"{self.settings.request_timeout_s:g} s (HEADWISE_REQUEST_TIMEOUT_S, "
-                "HEADWISE_ADMISSION_HEADROOM): send a shorter text, or granularity: word",
+                f"HEADWISE_ADMISSION_HEADROOM): {advice}",
                 param="granularity",
             )
 
@@ -185,13 +199,6 @@ class ExplainPipeline:
         """Variants of an n-token text queued at once (one batch, no padding)."""
         policy = self.intake.batcher.policy
         return max(1, min(policy.max_batch_size, self.settings.explain_batch_tokens // n))
-
-    def _seconds(self, n: int, passes: int) -> float:
-        """The predicted time of an n-token text's passes, in the pieces they are queued in."""
-        per = self._per_piece(n)
-        full, rest = divmod(passes, per)
-        batcher = self.intake.batcher
-        return full * batcher.batch_s(per, n) + (batcher.batch_s(rest, n) if rest else 0.0)
 
     def _variants(self, subjects: list[Subject]) -> Prepared:
         """Every subject whole, then with each part left out; queued a batch at a time."""
@@ -207,8 +214,8 @@ class ExplainPipeline:
         return Prepared(sequences, types if self.types else None, masks=masks, pieces=pieces)
 
     async def _prepare(self, call: Call, q: Question) -> Prepared:
-        encodings, prompt = await self._tokenized(call, q)
-        self._too_long(q, encodings)
+        encodings, prompt = await self.tokenized(call, q)
+        self.too_long(q, encodings)
         subjects = self._subjects(q, encodings, prompt)
         self._bound(subjects)
         prepared = self._variants(subjects)
@@ -224,7 +231,7 @@ class ExplainPipeline:
             yield
 
     @contextlib.asynccontextmanager
-    async def _admitted(self) -> AsyncIterator[None]:
+    async def admitted(self) -> AsyncIterator[None]:
         limit = self.settings.explain_queue
         if self.inflight >= limit:
             raise Overloaded(
@@ -241,7 +248,9 @@ class ExplainPipeline:
     # --- the answer ------------------------------------------------------------------------
 
     async def explain(self, call: Call, q: Question) -> Explained:
-        async with self._admitted():
+        if q.granularity == "head":
+            return await HeadAblation(self).explain(call, q)
+        async with self.admitted():
             ran: Ran[np.ndarray] = await self.intake.run(
                 call, lambda: self._prepare(call, q), hold=self._turn
             )
@@ -280,8 +289,15 @@ class ExplainPipeline:
                 return [importance.of_embedding(blocks[0])], None, None
             whole, a, b = importance.of_similarity(*blocks)
             return [a, b], whole, None
-        assert self.score is not None
         (block,) = blocks
+        return self.scored(q, block)
+
+    def scored(
+        self, q: Question, block: np.ndarray
+    ) -> tuple[list[np.ndarray], float | None, str | None]:
+        """A scorer's rows (whole, then each variant): the score lost per variant, the whole
+        score, and the target label (a classifier's)."""
+        assert self.score is not None
         target = None
         if self.manifest.task == "rerank":
             scores = self.score.relevance(block)

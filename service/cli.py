@@ -1,4 +1,5 @@
-"""The `headwise` command: `export` (needs the [export] extra: torch) and `serve` (no torch)."""
+"""The `headwise` command: `export` and `heads` (need the [export] extra: torch) and `serve` (no
+torch)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,23 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Callable
 
 
-def _export(argv: list[str]) -> int:
-    try:
-        # By name, so that the service never imports the torch side unless asked to export.
-        export_cli = importlib.import_module("export.cli")
-    except ImportError as exc:
-        logging.getLogger("headwise").error(
-            "export needs the [export] extra (torch, onnx): %s", exc
-        )
-        return 2
-    code: int = export_cli.main(argv)
-    return code
+def _torch_side(module: str, command: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        try:
+            # By name, so that the service never imports the torch side unless asked to.
+            cli = importlib.import_module(module)
+        except ImportError as exc:
+            logging.getLogger("headwise").error(
+                "%s needs the [export] extra (torch, onnx): %s", command, exc
+            )
+            return 2
+        code: int = cli.main(argv)
+        return code
+
+    return run
 
 
 def _serve(argv: list[str]) -> int:
@@ -44,7 +49,11 @@ def _serve(argv: list[str]) -> int:
     return serve_command(p.parse_args(argv))
 
 
-COMMANDS = {"export": _export, "serve": _serve}
+COMMANDS = {
+    "export": _torch_side("export.cli", "export"),
+    "heads": _torch_side("export.heads_cli", "heads"),
+    "serve": _serve,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

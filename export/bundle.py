@@ -44,6 +44,7 @@ from service.manifest import (
     Manifest,
     Parity,
     Precision,
+    Pruning,
     RerankTemplate,
     RetrievalQuality,
     Source,
@@ -77,6 +78,8 @@ class ExportOptions:
     # Move the PyTorch weights to the meta device once both graphs are traced (the CLI does:
     # a large model is then never held twice); the LoadedModel is spent afterwards.
     release_weights: bool = False
+    # A pruned model (export/prune.py): what was removed, for the manifest.
+    pruning: Pruning | None = None
 
 
 def write_tokenizer(loaded: LoadedModel, out: Path) -> Tokenizer:
@@ -393,6 +396,7 @@ def build_bundle(
             },
             created=int(time.time()),
             export_seconds=round(time.monotonic() - started, 2),
+            pruning=options.pruning,
             **outputs.manifest_fields(loaded, tok, specials.cls, specials.sep),
         )
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")

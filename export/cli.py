@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from export import templates
+from export import heads, prune, templates
 from export.bundle import ExportOptions, build_bundle
 from export.optimize import FusionError
 from export.sources import resolve
 from export.verify import ParityError
+from models.encoder import config_of
 from models.output_weights import with_outputs
-from models.weights import WeightLoadError, load_pretrained
+from models.weights import LoadedModel, WeightLoadError, load_pretrained
 from service.engine import memory, quality
+from service.manifest import Pruning
 
 log = logging.getLogger("headwise.export")
 
@@ -84,6 +87,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=ExportOptions.int8_pairs,
         help="query -> document pairs the int8 gate measures (0: no retrieval gate)",
     )
+    pruning = p.add_argument_group(
+        "pruning (export/prune.py: BERT-generation embedders; the bundle is gated on retrieval)"
+    )
+    pruning.add_argument(
+        "--prune-heads", type=float, default=0.0, metavar="FRACTION",
+        help="remove this fraction of all attention heads, least important first (Michel et al. "
+        "2019: |dL/dgate| of the in-batch contrastive loss on --pairs), 10 %% of them per round",
+    )  # fmt: skip
+    pruning.add_argument(
+        "--prune-ffn", type=float, default=0.0, metavar="FRACTION",
+        help="remove this fraction of all FFN neurons, least important first, in the same rounds",
+    )  # fmt: skip
+    pruning.add_argument(
+        "--pairs", type=Path,
+        help="JSONL of query -> positive pairs to score on (one in five held out for the gate); "
+        "default: CPython's docstring pairs (the int8 gate's split scores, the held-out split gates)",
+    )  # fmt: skip
+    pruning.add_argument(
+        "--prune-pairs", type=int, default=256, help="pairs to score (and recover) on",
+    )  # fmt: skip
+    pruning.add_argument(
+        "--prune-gate-pairs", type=int, default=500, help="held-out pairs the gate measures",
+    )  # fmt: skip
+    pruning.add_argument(
+        "--recover", type=int, default=0, metavar="STEPS",
+        help="after pruning, distil the unpruned model's embeddings into the pruned one for this "
+        "many steps (MSE, AdamW with warm-up, on the CPU)",
+    )  # fmt: skip
+    pruning.add_argument(
+        "--prune-max-drop", type=float, default=quality.MAX_DROP_POINTS,
+        help="the gate: the most points of recall@10 and of MRR the pruned model may lose "
+        "against the unpruned one on the held-out pairs; else the export fails with the figures",
+    )  # fmt: skip
+    pruning.add_argument(
+        "--pruned-checkpoint", type=Path,
+        help="where to write the pruned checkpoint (default: beside the bundle, OUT-checkpoint)",
+    )  # fmt: skip
     p.add_argument(
         "--int8-min-cosine",
         type=float,
@@ -109,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
             keep_half=True,  # a half-precision checkpoint is held as stored (export/stream.py)
         )
         loaded = with_outputs(loaded, sparse=args.task == "sparse", pooling=args.pooling)
+        pruning = None
+        if args.prune_heads or args.prune_ffn:
+            loaded, pruning = _pruned(args, resolved.folder, resolved.name)
         manifest = build_bundle(
             loaded,
             args.out,
@@ -124,12 +167,15 @@ def run(args: argparse.Namespace) -> int:
                 instruction_format=args.instruction_format
                 and args.instruction_format.replace("\\n", "\n"),
                 release_weights=True,  # nothing here needs the PyTorch weights after export
+                pruning=pruning,
             ),
             source=resolved.source,
         )
     except (FileNotFoundError, WeightLoadError, ValueError, FusionError, ParityError) as exc:
         log.error("export failed: %s", exc)
         return 1
+    if manifest.pruning is not None:
+        log.info("pruned: %s", prune.describe(manifest.pruning))
     for key, graph in manifest.graphs.items():
         p = graph.parity
         log.info(
@@ -154,6 +200,49 @@ def run(args: argparse.Namespace) -> int:
             )
     log.info("bundle written to %s in %.1fs", args.out, manifest.export_seconds)
     return 0
+
+
+def _pruned(args: argparse.Namespace, folder: Path, name: str) -> tuple[LoadedModel, Pruning]:
+    """The model pruned as asked, its checkpoint written, and what the manifest says of it."""
+    options = prune.PruneOptions(
+        heads=args.prune_heads,
+        ffn=args.prune_ffn,
+        recover=args.recover,
+        max_drop=args.prune_max_drop,
+    )
+    loaded = load_pretrained(folder, name=name, max_length=args.max_length, pooling=args.pooling)
+    teacher = load_pretrained(folder, name=name, max_length=args.max_length, pooling=args.pooling)
+    if args.pairs is not None:
+        train, held_out = prune.split_held_out(heads.read_corpus(args.pairs))
+        train = heads.Corpus(
+            train.texts[: args.prune_pairs], (train.documents or [])[: args.prune_pairs]
+        )
+        training, gate = str(args.pairs), f"{args.pairs}, one pair in five held out"
+    else:
+        pairs = quality.docstring_pairs("gate", args.prune_pairs)
+        train = heads.Corpus(pairs.queries, pairs.documents)
+        kept = quality.docstring_pairs("holdout", args.prune_gate_pairs)
+        held_out = heads.Corpus(kept.queries, kept.documents)
+        training, gate = quality.CORPUS + " (gate split)", quality.CORPUS + " (held-out split)"
+    held_out = heads.Corpus(
+        held_out.texts[: args.prune_gate_pairs], (held_out.documents or [])[: args.prune_gate_pairs]
+    )
+    result = prune.prune(loaded, teacher, train, held_out, options, gate)
+    del teacher
+    loaded = replace(loaded, config=config_of(loaded.model))
+    checkpoint = args.pruned_checkpoint or args.out.with_name(args.out.name + "-checkpoint")
+    prune.write_checkpoint(loaded, checkpoint)
+    return loaded, Pruning(
+        removed_heads=result.removed_heads,
+        heads_removed=sum(len(h) for h in result.removed_heads),
+        ffn_sizes=result.ffn_sizes,
+        ffn_removed=result.ffn_removed,
+        rounds=result.rounds,
+        recovered_steps=result.recovered_steps,
+        training=training,
+        training_pairs=len(train),
+        quality=result.quality,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,6 +117,7 @@ class Encoder:
             p.requires_grad_(False)  # only the gates are differentiated
         self.tokenizer = Tokenizer.from_file(str(loaded.tokenizer_path))
         self.tokenizer.no_padding()
+        self.max_length = loaded.max_length
         self.tokenizer.enable_truncation(loaded.max_length)
         cfg = config_of(self.model)
         self.layers, self.heads = cfg.n_layers, cfg.n_heads
@@ -124,6 +125,10 @@ class Encoder:
 
     def __call__(self, texts: list[str], gates: Tensor) -> Tensor:
         """gates: (L, h) for every text, or (B, L, h) -> normalised embeddings (B, d)."""
+        return F.normalize(self.pooled(texts, gates), dim=-1)  # (B, d)
+
+    def pooled(self, texts: list[str], gates: Tensor | None = None) -> Tensor:
+        """The pooled output, not normalised (what the serving graph returns) -> (B, d)."""
         encodings = self.tokenizer.encode_batch(texts)
         n = max(len(e.ids) for e in encodings)
         ids = torch.full((len(texts), n), self.pad, dtype=torch.long)
@@ -131,10 +136,10 @@ class Encoder:
         for row, e in enumerate(encodings):
             ids[row, : len(e.ids)] = torch.tensor(e.ids)
             mask[row, : len(e.ids)] = 1
-        if gates.dim() == 2:
+        if gates is not None and gates.dim() == 2:
             gates = gates.expand(len(texts), -1, -1)  # (B, L, h)
-        pooled, _ = self.model(ids, mask, head_gates=gates)
-        return F.normalize(pooled, dim=-1)  # (B, d)
+        pooled: Tensor = self.model(ids, mask, head_gates=gates)[0]
+        return pooled
 
 
 def _batches(count: int, size: int) -> Iterator[slice]:

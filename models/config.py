@@ -118,6 +118,9 @@ class EncoderConfig:
     norm_rel_embeddings: bool = False
     # --- sentence-transformers Dense modules after pooling: (in, out, bias) -----------------
     dense_layers: tuple[tuple[int, int, bool], ...] = ()
+    # --- pruning (models/pruning.py): what stays of each layer; empty: all of it ---------------
+    kept_heads: tuple[tuple[int, ...], ...] = ()  # per layer, the original indices of its heads
+    ffn_sizes: tuple[int, ...] = ()  # per layer, its FFN's neurons
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_positions"):
@@ -155,6 +158,36 @@ class EncoderConfig:
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary")
         self._check_attention()
+        self._check_pruning()
+
+    def _check_pruning(self) -> None:
+        if self.kept_heads:
+            if len(self.kept_heads) != self.n_layers:
+                raise ValueError(
+                    f"kept_heads lists {len(self.kept_heads)} layers of {self.n_layers}"
+                )
+            for i, kept in enumerate(self.kept_heads):
+                if (
+                    not kept
+                    or list(kept) != sorted(set(kept))
+                    or not 0 <= kept[0] <= kept[-1] < self.n_heads
+                ):
+                    raise ValueError(
+                        f"kept_heads[{i}] = {list(kept)}: one or more ascending head indices "
+                        f"of {self.n_heads}"
+                    )
+        if self.ffn_sizes and (len(self.ffn_sizes) != self.n_layers or min(self.ffn_sizes) < 1):
+            raise ValueError(
+                f"ffn_sizes {list(self.ffn_sizes)}: one positive size per layer of {self.n_layers}"
+            )
+
+    def layer_heads(self) -> list[tuple[int, ...]]:
+        """Per layer, the original indices of the heads it has (all, unless pruned)."""
+        return list(self.kept_heads) or [tuple(range(self.n_heads))] * self.n_layers
+
+    def layer_ffn(self, index: int) -> int:
+        """Layer `index`'s FFN neurons (d_ff, unless pruned)."""
+        return self.ffn_sizes[index] if self.ffn_sizes else self.d_ff
 
     def _check_attention(self) -> None:
         if self.n_heads % self.kv_heads:

@@ -46,20 +46,23 @@ class EncoderLayer(nn.Module):
             if cfg.disentangled
             else None
         )
+        # A pruned layer has fewer heads (models/pruning.py); each keeps its original index.
+        self.kept = list(cfg.layer_heads()[index])
+        self.slots = cfg.n_heads
         self.attn = MultiHeadAttention(
             cfg.d_model,
-            cfg.n_heads,
+            len(self.kept),
             dropout=cfg.attn_dropout,
             bias=cfg.attn_bias,
             impl=cfg.attention_impl,
             n_kv_heads=cfg.n_kv_heads,
-            head_dim=cfg.head_dim,
+            head_dim=cfg.d_k,
             scale_dim=cfg.scale_dim,
             softcap=cfg.attn_softcap,
             qk_norm=(lambda d: make_norm(kind, d, eps)) if cfg.qk_norm else None,
             relative=relative,
         )
-        self.ffn = make_ffn(cfg.ffn_kind, cfg.d_model, cfg.d_ff, cfg.ffn_bias)
+        self.ffn = make_ffn(cfg.ffn_kind, cfg.d_model, cfg.layer_ffn(index), cfg.ffn_bias)
 
         def norm() -> nn.Module:
             return make_norm(kind, cfg.d_model, eps, cfg.norm_bias)
@@ -84,7 +87,11 @@ class EncoderLayer(nn.Module):
         **positional: tuple[Tensor, Tensor] | Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, N, d); mask (B, N) 1 = real token; head_gates (B, h); positional: window,
-        rotary, relative."""
+        rotary, relative. A pruned layer takes the gates of its heads, and its maps come back in
+        every head's slot, a removed head's all zeros."""
+        pruned = len(self.kept) < self.slots
+        if pruned and head_gates is not None:
+            head_gates = head_gates[:, self.kept]  # (B, h_kept)
         attend = dict(
             key_padding_mask=mask,
             causal=self.causal,
@@ -105,6 +112,11 @@ class EncoderLayer(nn.Module):
             a, weights = self.attn(self.norm1(x), **attend)
             x = x + self.dropout(self.post_attn_norm(a))
             x = x + self.dropout(self.post_ffn_norm(self.ffn(self.norm2(x))))
+        if pruned and weights is not None:
+            b, _, n_q, n_k = weights.shape
+            slots = weights.new_zeros(b, self.slots, n_q, n_k)
+            slots[:, self.kept] = weights  # (B, h, N_q, N_k)
+            weights = slots
         return x, weights
 
 

@@ -69,6 +69,20 @@ class RetrievalQuality(Frozen):
         return max(self.fp32_recall_at_10 - self.recall_at_10, self.fp32_mrr - self.mrr)
 
 
+class Pruning(Frozen):
+    """What `headwise export --prune-heads/--prune-ffn` removed, and what its gate measured."""
+
+    removed_heads: list[list[int]]  # per layer, original head indices
+    heads_removed: int
+    ffn_sizes: list[int]  # per layer, FFN neurons left
+    ffn_removed: int
+    rounds: int  # scoring rounds
+    recovered_steps: int  # distillation steps (0: no recovery)
+    training: str  # the pairs that scored (and recovered) it
+    training_pairs: int
+    quality: RetrievalQuality  # pruned against unpruned on held-out pairs, and the gate
+
+
 class FileEntry(Frozen):
     file: str
     sha256: str
@@ -249,6 +263,7 @@ class Manifest(Frozen):
     # {id: weight} ("sparse": bge-m3's lexical weights, SPLADE), token vectors ("multi_vector":
     # bge-m3's, ColBERT's). The first is what /encode answers when a request names none.
     outputs: list[Output] = Field(default_factory=lambda: list(DENSE))
+    pruning: Pruning | None = None  # a pruned model: what was removed and the gate's figures
     sparse: SparseOutput | None = None
     multi_vector: MultiVectorOutput | None = None
 

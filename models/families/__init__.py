@@ -43,12 +43,22 @@ def family_of(hf: dict[str, Any]) -> Family:
     raise ValueError(f"unsupported model_type {model_type!r}: supported are {known}")
 
 
+# A pruned checkpoint's config.json (export/prune.py) says what stays of each layer.
+PRUNING_KEY = "headwise_pruning"
+
+
 def encoder_config(hf: dict[str, Any], **overrides: Any) -> EncoderConfig:
     """The EncoderConfig of a Hugging Face config.json of any supported family."""
-    return EncoderConfig(**{**family_of(hf).config(hf), **overrides})
+    pruned = hf.get(PRUNING_KEY) or {}
+    kept = {
+        "kept_heads": tuple(tuple(layer) for layer in pruned.get("kept_heads", ())),
+        "ffn_sizes": tuple(pruned.get("ffn_sizes", ())),
+    }
+    return EncoderConfig(**{**family_of(hf).config(hf), **kept, **overrides})
 
 
 __all__ = [
+    "PRUNING_KEY",
     "BERT",
     "DEBERTA_V2",
     "DISTILBERT",

@@ -15,6 +15,7 @@ from service.api.context import Context
 from service.api.tei.info import Info, tei_info
 from service.engine.cpu import detect
 from service.errors import InvalidInput
+from service.manifest import Pruning
 from service.registry import Capability, Model, Registry
 from service.settings import Settings
 
@@ -87,6 +88,8 @@ def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
         },
         "instruction_format": m.instruction_format,
         "rerank_template": m.rerank_template is not None,
+        # A pruned model: the heads and FFN neurons removed, and its retrieval gate's figures.
+        "pruning": m.pruning.model_dump() if m.pruning is not None else None,
         "tei": tei_info(model, settings),
     }
 
@@ -133,6 +136,9 @@ class ServedModel(BaseModel):
     runtime: str = Field(description="onnxruntime or openvino: what runs the serving graph")
     runtime_reason: str = Field(description="why this runtime and precision, on this CPU")
     precision: str = Field(description="what computes: fp32, fp16, bf16, int8")
+    pruning: Pruning | None = Field(
+        None, description="a pruned bundle: what `headwise export --prune-*` removed, its gate"
+    )
     tei: Info
 
 

@@ -547,6 +547,55 @@ def test_a_pairs_words_are_shaded_by_occlusion_and_by_attention_side_by_side(
         context.close()
 
 
+def test_the_head_grid_sizes_each_head_by_its_importance_and_opens_its_map(
+    browser, live_explain: Live
+) -> None:
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    context.set_default_timeout(WAIT_MS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    text = "the cat sat on the warm mat"
+    try:
+        page.goto(f"{live_explain.url}/attention/view")
+        page.wait_for_function("document.querySelectorAll('#modelsel option').length === 2")
+        page.select_option("#modelsel", "tiny-random")
+        page.fill("#text", text)
+        page.click("#show")
+        wait_state(page, "ready")
+        page.wait_for_selector("#explain-card[data-state='ready']")
+        page.select_option("#granularity", "head")
+        page.wait_for_selector("#explain .hgrid")
+        want = httpx.post(
+            f"{live_explain.url}/explain",
+            json={"input": text, "granularity": "head", "model": "tiny-random"},
+            timeout=30,
+        ).json()["heads"]
+        cells = page.evaluate(
+            """() => [...document.querySelectorAll('#explain .hcell')].map((c) => ({
+                layer: +c.dataset.layer, head: +c.dataset.head, value: +c.dataset.importance,
+                side: c.querySelector('i').getBoundingClientRect().width }))"""
+        )
+        assert [(c["layer"], c["head"]) for c in cells] == [(h["layer"], h["head"]) for h in want]
+        for c, h in zip(cells, want, strict=True):
+            assert abs(c["value"] - h["importance"]) < 1e-6
+        top = max(cells, key=lambda c: abs(c["value"]))
+        low = min(cells, key=lambda c: abs(c["value"]))
+        assert top["side"] == 24 and top["side"] > low["side"]  # sized by importance
+        assert "heads left out one at a time" in page.locator("#explain-summary").inner_text()
+        page.locator("#explain-card").scroll_into_view_if_needed()
+        screenshot(page, "explain-heads.png")
+        page.click(f"#explain .hcell[data-layer='{top['layer']}'][data-head='{top['head']}']")
+        page.wait_for_function(
+            f"document.querySelector('#map-title').textContent.includes('Layer {top['layer']}')"
+            f" && document.querySelector('#map-title').textContent.includes('head {top['head']}')"
+        )
+        assert page.locator("#head").input_value() == str(top["head"])
+        assert not errors, errors
+    finally:
+        context.close()
+
+
 # The manual's picture of the viewer (README, docs/attention.md) is this test's screenshot: the
 # default model, one sentence, layer 2, every head. HEADWISE_DOCS_SCREENSHOTS=1 (make
 # docs-screenshots) writes it; otherwise the test checks the committed one is the shape it makes.

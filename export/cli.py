@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         resolved = resolve(args.model, args.revision, args.name)
         template = templates.read_template(args.rerank_template) if args.rerank_template else None
         judge = template or templates.QWEN3_RERANKER
+        pruning_asked = bool(args.prune_heads or args.prune_ffn)
         loaded = load_pretrained(
             resolved.folder,
             name=resolved.name,
@@ -146,12 +147,14 @@ def run(args: argparse.Namespace) -> int:
             pooling=args.pooling,
             task=None if args.task == "sparse" else args.task,
             judge=(judge.yes, judge.no),
-            keep_half=True,  # a half-precision checkpoint is held as stored (export/stream.py)
+            # A half-precision checkpoint is held as stored (export/stream.py); pruning computes
+            # gradients, in float32.
+            keep_half=not pruning_asked,
         )
         loaded = with_outputs(loaded, sparse=args.task == "sparse", pooling=args.pooling)
         pruning = None
-        if args.prune_heads or args.prune_ffn:
-            loaded, pruning = _pruned(args, resolved.folder, resolved.name)
+        if pruning_asked:
+            loaded, pruning = _pruned(args, loaded)
         manifest = build_bundle(
             loaded,
             args.out,
@@ -202,16 +205,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pruned(args: argparse.Namespace, folder: Path, name: str) -> tuple[LoadedModel, Pruning]:
-    """The model pruned as asked, its checkpoint written, and what the manifest says of it."""
+def _pruned(args: argparse.Namespace, loaded: LoadedModel) -> tuple[LoadedModel, Pruning]:
+    """The model pruned as asked (in place), its checkpoint written, and what the manifest says
+    of it; an unpruned copy is loaded as the teacher."""
     options = prune.PruneOptions(
         heads=args.prune_heads,
         ffn=args.prune_ffn,
         recover=args.recover,
         max_drop=args.prune_max_drop,
     )
-    loaded = load_pretrained(folder, name=name, max_length=args.max_length, pooling=args.pooling)
-    teacher = load_pretrained(folder, name=name, max_length=args.max_length, pooling=args.pooling)
+    teacher = load_pretrained(
+        loaded.source, name=loaded.name, max_length=args.max_length, pooling=args.pooling
+    )
     if args.pairs is not None:
         train, held_out = prune.split_held_out(heads.read_corpus(args.pairs))
         train = heads.Corpus(
@@ -245,15 +250,19 @@ def _pruned(args: argparse.Namespace, folder: Path, name: str) -> tuple[LoadedMo
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="headwise export")
-    add_arguments(p)
+def configure_logging() -> None:
+    """Ours at INFO; ONNX Runtime's optimizer and quantiser log every node at INFO on the root."""
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # Ours at INFO; ONNX Runtime's optimizer and quantiser log every node at INFO on the root.
     for name in ("headwise", "export", "models"):
         logging.getLogger(name).setLevel(logging.INFO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="headwise export")
+    add_arguments(p)
+    configure_logging()
     return run(p.parse_args(argv))
 
 

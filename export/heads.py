@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,11 +29,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
-from torch import Tensor
+from torch import Tensor, nn
 
 from models.encoder import SentenceEncoder, config_of
 from models.weights import LoadedModel
 from service.pipelines.attention.heatmap import colorize, encode_png
+from service.tensors import pad_batch
 
 log = logging.getLogger(__name__)
 
@@ -129,16 +130,12 @@ class Encoder:
 
     def pooled(self, texts: list[str], gates: Tensor | None = None) -> Tensor:
         """The pooled output, not normalised (what the serving graph returns) -> (B, d)."""
-        encodings = self.tokenizer.encode_batch(texts)
-        n = max(len(e.ids) for e in encodings)
-        ids = torch.full((len(texts), n), self.pad, dtype=torch.long)
-        mask = torch.zeros(len(texts), n, dtype=torch.long)
-        for row, e in enumerate(encodings):
-            ids[row, : len(e.ids)] = torch.tensor(e.ids)
-            mask[row, : len(e.ids)] = 1
+        ids, mask = pad_batch([e.ids for e in self.tokenizer.encode_batch(texts)], self.pad)
         if gates is not None and gates.dim() == 2:
             gates = gates.expand(len(texts), -1, -1)  # (B, L, h)
-        pooled: Tensor = self.model(ids, mask, head_gates=gates)[0]
+        pooled: Tensor = self.model(
+            torch.from_numpy(ids), torch.from_numpy(mask), head_gates=gates
+        )[0]
         return pooled
 
 
@@ -153,23 +150,41 @@ def contrastive_loss(queries: Tensor, documents: Tensor, scale: float = SCALE) -
     return F.cross_entropy(scores, torch.arange(len(queries)))
 
 
-def gradient_importance(encode: Encoder, corpus: Corpus, batch_size: int = 32) -> np.ndarray:
-    """I_h = mean over batches of |∂L/∂ξ_h| (L, h), the contrastive loss on the pairs."""
+def gradients(
+    encode: Encoder, corpus: Corpus, batch_size: int = 32, linears: Sequence[nn.Linear] = ()
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Means over batches of the contrastive loss's absolute derivatives: per head, |∂L/∂ξ_h|
+    (L, h); per input column j of each of `linears`, |Σ_i W[i, j] ∂L/∂W[i, j]|, the derivative
+    for a gate on that column (TextPruner's score of an FFN neuron, W = W_2)."""
     assert corpus.documents is not None
-    total = torch.zeros(encode.layers, encode.heads, dtype=torch.float64)
+    heads = torch.zeros(encode.layers, encode.heads, dtype=torch.float64)
+    columns = [torch.zeros(w.in_features, dtype=torch.float64) for w in linears]
+    for w in linears:
+        w.weight.requires_grad_(True)
     batches = 0
-    for rows in _batches(len(corpus), batch_size):
-        queries, documents = corpus.texts[rows], corpus.documents[rows]
-        if len(queries) < 2:  # one pair has no other document to be told from
-            continue
-        gates = torch.ones(encode.layers, encode.heads, requires_grad=True)
-        loss = contrastive_loss(encode(queries, gates), encode(documents, gates))
-        (grad,) = torch.autograd.grad(loss, gates)
-        total += grad.abs().double()
-        batches += 1
+    try:
+        for rows in _batches(len(corpus), batch_size):
+            queries, documents = corpus.texts[rows], corpus.documents[rows]
+            if len(queries) < 2:  # one pair has no other document to be told from
+                continue
+            gates = torch.ones(encode.layers, encode.heads, requires_grad=True)
+            loss = contrastive_loss(encode(queries, gates), encode(documents, gates))
+            grads = torch.autograd.grad(loss, [gates, *(w.weight for w in linears)])
+            heads += grads[0].abs().double()
+            for total, w, g in zip(columns, linears, grads[1:], strict=True):
+                total += (w.weight.detach() * g).sum(0).abs().double()
+            batches += 1
+    finally:
+        for w in linears:
+            w.weight.requires_grad_(False)
     if not batches:
         raise ValueError("head importance needs at least two pairs")
-    return (total / batches).numpy()
+    return (heads / batches).numpy(), [(c / batches).numpy() for c in columns]
+
+
+def gradient_importance(encode: Encoder, corpus: Corpus, batch_size: int = 32) -> np.ndarray:
+    """I_h = mean over batches of |∂L/∂ξ_h| (L, h), the contrastive loss on the pairs."""
+    return gradients(encode, corpus, batch_size)[0]
 
 
 def ablation_importance(encode: Encoder, corpus: Corpus, batch_size: int = 32) -> np.ndarray:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from export import heads
+from export.cli import configure_logging
 from export.sources import SourceError, resolve
 from models.weights import WeightLoadError, load_pretrained
 from service.engine import quality
@@ -71,11 +72,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="headwise heads", description=__doc__)
     add_arguments(p)
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    for name in ("headwise", "export", "models"):
-        logging.getLogger(name).setLevel(logging.INFO)
+    configure_logging()
     return run(p.parse_args(argv))
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from export.heads import Corpus, Encoder, contrastive_loss
+from export.heads import Corpus, Encoder, gradients
 from models.encoder import SentenceEncoder, config_of
 from models.families import PRUNING_KEY, family_of
 from models.pruning import (
@@ -91,39 +91,14 @@ def _scores(
     encode: Encoder, corpus: Corpus, batch_size: int
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Per head (L, h_max; removed heads NaN) and per layer's FFN neuron, the mean over batches
-    of the absolute derivative of the contrastive loss."""
-    assert corpus.documents is not None
+    of the absolute derivative of the contrastive loss (export/heads.py)."""
     layers = layers_of(encode.model)
-    outputs = [ffn_output(layer.ffn) for layer in layers]
-    for w in outputs:
-        w.weight.requires_grad_(True)
-    heads = torch.zeros(encode.layers, encode.heads, dtype=torch.float64)
-    neurons = [torch.zeros(ffn_width(layer.ffn), dtype=torch.float64) for layer in layers]
-    batches = 0
-    try:
-        for start in range(0, len(corpus), batch_size):
-            rows = slice(start, start + batch_size)
-            queries, documents = corpus.texts[rows], corpus.documents[rows]
-            if len(queries) < 2:
-                continue
-            gates = torch.ones(encode.layers, encode.heads, requires_grad=True)
-            loss = contrastive_loss(encode(queries, gates), encode(documents, gates))
-            grads = torch.autograd.grad(loss, [gates, *(w.weight for w in outputs)])
-            heads += grads[0].abs().double()
-            for i, (w, g) in enumerate(zip(outputs, grads[1:], strict=True)):
-                neurons[i] += (w.weight.detach() * g).sum(0).abs().double()
-            batches += 1
-    finally:
-        for w in outputs:
-            w.weight.requires_grad_(False)
-    if not batches:
-        raise ValueError("pruning needs at least two training pairs")
-    out = (heads / batches).numpy()
+    heads, neurons = gradients(
+        encode, corpus, batch_size, [ffn_output(layer.ffn) for layer in layers]
+    )
     for i, layer in enumerate(layers):  # heads already removed: not candidates
-        gone = [h for h in range(encode.heads) if h not in layer.kept]
-        out[i, gone] = np.nan
-    per_neuron: list[np.ndarray] = [(n / batches).numpy() for n in neurons]
-    return np.asarray(out), per_neuron
+        heads[i, [h for h in range(encode.heads) if h not in layer.kept]] = np.nan
+    return heads, neurons
 
 
 def _per_layer(values: np.ndarray) -> np.ndarray:

@@ -117,7 +117,8 @@ class AttentionPipeline:
                     max_batch_tokens=settings.explain_batch_tokens,
                     max_wait_s=0.0,
                     max_padding_ratio=1.0,
-                    max_queue=settings.attention_queue * policy.max_queue * 64,
+                    # Each explanation queues one piece at a time, a batch at most.
+                    max_queue=settings.explain_queue * BatchPolicy.max_batch_size,
                 ),
                 metrics.observer("heads", name),
                 f"heads-{name}",
@@ -223,12 +224,6 @@ class AttentionPipeline:
         ):
             yield
 
-    @contextlib.asynccontextmanager
-    async def hold(self, prepared: Prepared) -> AsyncIterator[None]:
-        """The budget and CPU share, for runs of this graph queued elsewhere (gated ones)."""
-        async with self._hold(prepared):
-            yield
-
     async def run(self, call: Call, q: Query) -> Rendered:
         async def render(ran: Ran[tuple[np.ndarray, np.ndarray]]) -> Rendered:
             ((primary, maps),) = ran.rows
@@ -255,7 +250,7 @@ class AttentionPipeline:
 
     def unavailable(self, n: int) -> str | None:
         """Why an already tokenised input of n tokens cannot be looked at here (None: it can)."""
-        computed = self.manifest.num_layers * self.manifest.num_heads * n * n
+        computed = self.heads * n * n
         if n > self.limit():
             return (
                 f"{n} tokens: more than the {self.limit()} /attention looks at "

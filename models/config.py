@@ -44,6 +44,8 @@ Architecture = Literal[
     "gemma3",
     "deberta-v2",
     "qwen3",
+    "clip",
+    "siglip",
 ]
 # A family's sequence-classification head, as its checkpoints lay it out (models/heads.py).
 # "linear": one bias-free projection of the last token's vector (Qwen3ForSequenceClassification).
@@ -55,7 +57,7 @@ CHOICES = {
     "positions": ("learned", "sinusoidal", "rotary", "none"),
     "norm": ("post", "pre", "sandwich"),
     "norm_kind": ("layer", "rms", "rms_offset"),
-    "ffn_kind": ("gelu", "geglu", "geglu_tanh", "swiglu"),
+    "ffn_kind": ("gelu", "gelu_tanh", "quick_gelu", "geglu", "geglu_tanh", "swiglu"),
     "pooling": ("mean", "cls", "lasttoken"),
     "attention_impl": ("explicit", "sdpa"),
     "architecture": get_args(Architecture),
@@ -104,7 +106,7 @@ class EncoderConfig:
     norm_kind: Literal["layer", "rms", "rms_offset"] = "layer"
     norm_bias: bool = True  # LayerNorm's bias (ModernBERT has none)
     first_attn_norm: bool = True  # False: layer 0 has no attention norm (ModernBERT)
-    ffn_kind: Literal["gelu", "geglu", "geglu_tanh", "swiglu"] = "gelu"
+    ffn_kind: Literal["gelu", "gelu_tanh", "quick_gelu", "geglu", "geglu_tanh", "swiglu"] = "gelu"
     attn_bias: bool = True
     ffn_bias: bool = True
     head_dense_bias: bool = True  # the classification head's dense layer

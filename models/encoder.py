@@ -127,10 +127,15 @@ class EncoderOutput:
 
 
 class Encoder(nn.Module):
-    def __init__(self, cfg: EncoderConfig) -> None:
+    """embeddings: what turns the inputs into the first vectors (default: tokens, models/
+    embeddings.py; a vision tower's patches, models/vision.py)."""
+
+    def __init__(self, cfg: EncoderConfig, embeddings: nn.Module | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embeddings = Embeddings(cfg)
+        # Typed as the token embeddings (what every text model's code reaches into); a vision
+        # tower's patches take their place.
+        self.embeddings = Embeddings(cfg) if embeddings is None else cast(Embeddings, embeddings)
         self.layers = nn.ModuleList(EncoderLayer(cfg, i) for i in range(cfg.n_layers))
         # MPNet: one relative-position bias, computed once and added in every layer.
         self.relative_bias = (
@@ -180,7 +185,17 @@ class Encoder(nn.Module):
     ) -> EncoderOutput:
         """head_gates: (B, L, h), layer l's head i multiplied by [:, l, i] (models/attention.py)."""
         x = self.embeddings(input_ids, token_type_ids)  # (B, N, d)
-        n, device = input_ids.shape[1], input_ids.device
+        return self.stack(x, attention_mask, need_weights, head_gates)
+
+    def stack(
+        self,
+        x: Tensor,
+        attention_mask: Tensor,
+        need_weights: bool = False,
+        head_gates: Tensor | None = None,
+    ) -> EncoderOutput:
+        """The layers (and the final norm) over first vectors x (B, N, d)."""
+        n, device = x.shape[1], x.device
         bias = None
         if self.relative_bias is not None:
             bias = self.relative_bias(n, device)  # (1, h, N, N)

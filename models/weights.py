@@ -30,7 +30,7 @@ from models.config import EncoderConfig
 from models.decoder import LastTokenHead, judge_weight
 from models.encoder import SentenceEncoder
 from models.families import BERT, Family, encoder_config, family_of
-from models.families.base import Target
+from models.families.base import Target, TensorRules
 from models.heads import SequenceClassifier
 from models.st_modules import DenseModule, read_config
 
@@ -117,7 +117,7 @@ def read_state_dict(folder: Path) -> dict[str, Tensor]:
 def assign_weights(
     model: nn.Module,
     hf_state: dict[str, Tensor],
-    family: Family = BERT,
+    family: TensorRules = BERT,
     with_head: bool = False,
     extra: dict[str, Tensor] | None = None,
     keep_half: bool = False,

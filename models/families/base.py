@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -25,6 +25,13 @@ def _always(hf: dict[str, Any]) -> bool:
 
 def _first_token(hf: dict[str, Any]) -> Pooling:
     return "cls"
+
+
+class TensorRules(Protocol):
+    """How a checkpoint's tensors become ours: a Family, or the image-text families' table."""
+
+    def tensors(self, name: str, tensor: Tensor, with_head: bool) -> list[tuple[str, Tensor]]: ...
+    def is_unused(self, ours: str) -> bool: ...
 
 
 @dataclass(frozen=True)

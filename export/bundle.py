@@ -20,9 +20,10 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import onnx
@@ -31,22 +32,21 @@ import torch
 from tokenizers import Tokenizer
 
 from export import external, fused, optimize, outputs, templates, verify
+from export.entries import graph_entry
 from export.onnx import OPSET, export_attention, export_serving, graph_inputs
 from models.outputs import MultiOutputEncoder
 from models.precision import float32_compute
 from models.weights import LoadedModel
 from service.bundle import MANIFEST, sha256_file
 from service.engine import memory, quality
+from service.engine.runtime import pad_to_length
 from service.manifest import (
-    DataFile,
     FileEntry,
     GraphEntry,
     Manifest,
     Parity,
-    Precision,
     Pruning,
     RerankTemplate,
-    RetrievalQuality,
     Source,
     SpecialTokens,
 )
@@ -80,6 +80,9 @@ class ExportOptions:
     release_weights: bool = False
     # A pruned model (export/prune.py): what was removed, for the manifest.
     pruning: Pruning | None = None
+    # "max_length": every text padded to the max length and every position attended (SigLIP's
+    # text tower, as its model card runs it): the probes are, and the manifest says so.
+    text_padding: Literal["longest", "max_length"] = "longest"
 
 
 def write_tokenizer(loaded: LoadedModel, out: Path) -> Tokenizer:
@@ -109,18 +112,6 @@ def _serve(path: Path, feeds: dict[str, np.ndarray], heads: int) -> np.ndarray:
     return out
 
 
-class _GraphExtras(TypedDict, total=False):
-    """GraphEntry's fields that only some graphs set."""
-
-    fused: bool
-    unfused_reason: str | None
-    kept_fp32: list[str]
-    quantised: int | None
-    quality: RetrievalQuality | None
-    output_parity: dict[str, Parity]
-    gated_parity: Parity | None
-
-
 class _Fusion(TypedDict):
     fused: bool
     unfused_reason: str | None
@@ -128,29 +119,6 @@ class _Fusion(TypedDict):
 
 class _OutputParity(TypedDict, total=False):
     output_parity: dict[str, Parity]  # a model with outputs besides the primary one
-
-
-def _graph_entry(
-    path: Path,
-    precision: Precision,
-    counts: dict[str, int],
-    parity: Parity,
-    **extra: Unpack[_GraphExtras],
-) -> GraphEntry:
-    data = [
-        DataFile(file=f.name, sha256=sha256_file(f), bytes=f.stat().st_size)
-        for f in external.data_files(path)
-    ]
-    return GraphEntry(
-        file=path.name,
-        sha256=sha256_file(path),
-        bytes=path.stat().st_size,
-        data=data,
-        precision=precision,
-        op_counts=counts,
-        parity=parity,
-        **extra,
-    )
 
 
 def special_tokens(tok: Tokenizer, pad_id: int) -> SpecialTokens:
@@ -181,10 +149,16 @@ def probe_feeds(
     loaded: LoadedModel,
     template: RerankTemplate | None,
     inputs: list[str],
+    padding: str = "longest",
 ) -> dict[str, np.ndarray]:
-    """The parity probes as the service will feed them: texts, pairs, or pairs through the
-    reranker's template (service/pipelines/template.py, the service's own code)."""
+    """The parity probes as the service will feed them: texts (padded to the max length, every
+    position attended, where the model card does: service.engine.runtime.pad_to_length),
+    pairs, or pairs through the reranker's template (service/pipelines/template.py)."""
     pad = loaded.config.pad_token_id
+    if loaded.task == "embed" and padding == "max_length":
+        padded = Tokenizer.from_str(tok.to_str())
+        pad_to_length(padded, loaded.max_length, pad)
+        return verify.encode(padded, verify.PROBE_TEXTS, inputs, pad)
     if loaded.task == "embed":
         return verify.encode(tok, verify.PROBE_TEXTS, inputs, pad)
     if template is None:
@@ -249,7 +223,7 @@ def _int8(
     q = optimize.to_int8(fused, path, passes, damage)
     parity = probe_parity(path)
     verify.require(parity, path.name, verify.INT8_MIN_COSINE)
-    return _graph_entry(
+    return graph_entry(
         path,
         "int8",
         q.op_counts,
@@ -273,8 +247,12 @@ def build_bundle(
     out: Path,
     options: ExportOptions = ExportOptions(),
     source: Source | None = None,
+    towers: Callable[[Path], dict[str, Any]] | None = None,
 ) -> Manifest:
-    """Write a complete bundle to `out`, or raise and leave `out` as it was."""
+    """Write a complete bundle to `out`, or raise and leave `out` as it was.
+
+    towers: writes more graphs into the bundle's folder (an image-text model's vision tower:
+    export/image_text.py) and returns the manifest fields that describe them."""
     started = time.monotonic()
     cfg = loaded.config
     model = loaded.model.eval()
@@ -286,7 +264,7 @@ def build_bundle(
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp_name:
         tmp = Path(tmp_name)
         tok = write_tokenizer(loaded, tmp / "tokenizer.json")
-        feeds = probe_feeds(tok, loaded, template, inputs)
+        feeds = probe_feeds(tok, loaded, template, inputs, options.text_padding)
         probes = len(feeds["input_ids"])
         heads = cfg.n_heads
         multi = model if isinstance(model, MultiOutputEncoder) else None
@@ -324,7 +302,7 @@ def build_bundle(
         extra: _OutputParity = {}
         if multi is not None:
             extra["output_parity"] = outputs.check(multi, fused_path, feeds, want_outputs)
-        graphs["encoder"] = _graph_entry(
+        graphs["encoder"] = graph_entry(
             fused_path, "fp32", report.op_counts, parity, **fusion, **extra
         )
 
@@ -342,7 +320,7 @@ def build_bundle(
         gated = _check(got_gated, want_gated, "attention.onnx gated", task, verify.FP32_MIN_COSINE)
         del checking
         counts = optimize.op_counts(onnx.load(str(attn_path), load_external_data=False))
-        graphs["attention"] = _graph_entry(attn_path, "fp32", counts, parity, gated_parity=gated)
+        graphs["attention"] = graph_entry(attn_path, "fp32", counts, parity, gated_parity=gated)
 
         if options.fp16:
             path = tmp / "encoder.fp16.onnx"
@@ -355,12 +333,13 @@ def build_bundle(
                 extra["output_parity"] = outputs.check(
                     multi, path, feeds, want_outputs, "pytorch", verify.FP16_MIN_COSINE
                 )
-            graphs["encoder_fp16"] = _graph_entry(path, "fp16", counts, parity, **fusion, **extra)
+            graphs["encoder_fp16"] = graph_entry(path, "fp16", counts, parity, **fusion, **extra)
         if options.int8:
             path = tmp / "encoder.int8.onnx"
             entry = _int8(fused_path, path, tok, feeds, fp32, task, options, heads)
             graphs["encoder_int8"] = entry.model_copy(update=fusion)
 
+        more = towers(tmp) if towers is not None else {}
         specials = special_tokens(tok, cfg.pad_token_id)
         manifest = Manifest(
             name=loaded.name,
@@ -397,7 +376,9 @@ def build_bundle(
             created=int(time.time()),
             export_seconds=round(time.monotonic() - started, 2),
             pruning=options.pruning,
+            text_padding=options.text_padding,
             **outputs.manifest_fields(loaded, tok, specials.cls, specials.sep),
+            **more,
         )
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")
         if out.exists():

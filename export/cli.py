@@ -10,14 +10,16 @@ from pathlib import Path
 
 from export import heads, prune, templates
 from export.bundle import ExportOptions, build_bundle
+from export.image_text import build_image_text
 from export.optimize import FusionError
 from export.sources import resolve
 from export.verify import ParityError
 from models.encoder import config_of
+from models.image_text import is_image_text, load_image_text
 from models.output_weights import with_outputs
 from models.weights import LoadedModel, WeightLoadError, load_pretrained
 from service.engine import memory, quality
-from service.manifest import Pruning
+from service.manifest import Manifest, Pruning
 
 log = logging.getLogger("headwise.export")
 
@@ -64,6 +66,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write the bundle even when ORT's matcher misses a BERT-family attention (the "
         "manifest says fused=false and why); a family ORT has no kernel for ships unfused "
         "without it, its reason in the manifest",
+    )
+    p.add_argument(
+        "--zero-shot-template",
+        help="an image-text model's text for a zero-shot label, with {label} (default: "
+        "transformers' pipeline's 'This is a photo of {label}.')",
     )
     p.add_argument("--fp16", action="store_true", help="also write encoder.fp16.onnx (GPU)")
     p.add_argument("--int8", action="store_true", help="also write encoder.int8.onnx (CPU)")
@@ -140,6 +147,15 @@ def run(args: argparse.Namespace) -> int:
         template = templates.read_template(args.rerank_template) if args.rerank_template else None
         judge = template or templates.QWEN3_RERANKER
         pruning_asked = bool(args.prune_heads or args.prune_ffn)
+        if is_image_text(resolved.folder):
+            manifest = build_image_text(
+                load_image_text(resolved.folder, resolved.name),
+                args.out,
+                ExportOptions(fp16=args.fp16, int8=args.int8, allow_unfused=args.allow_unfused),
+                resolved.source,
+                args.zero_shot_template,
+            )
+            return _report(manifest, args.out)
         loaded = load_pretrained(
             resolved.folder,
             name=resolved.name,
@@ -177,9 +193,15 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, WeightLoadError, ValueError, FusionError, ParityError) as exc:
         log.error("export failed: %s", exc)
         return 1
+    return _report(manifest, args.out)
+
+
+def _report(manifest: Manifest, out: Path) -> int:
+    """What was written, graph by graph, in the log."""
     if manifest.pruning is not None:
         log.info("pruned: %s", prune.describe(manifest.pruning))
-    for key, graph in manifest.graphs.items():
+    towers = {"": manifest.graphs, "vision ": manifest.vision.graphs if manifest.vision else {}}
+    for key, graph in ((t + k, g) for t, gs in towers.items() for k, g in gs.items()):
         p = graph.parity
         log.info(
             "%-13s %-22s %6.1f MB%s  min cos %.7f vs %s  ops %s%s",
@@ -201,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
                 graph.quantised or 0,
                 len(graph.kept_fp32),
             )
-    log.info("bundle written to %s in %.1fs", args.out, manifest.export_seconds)
+    log.info("bundle written to %s in %.1fs", out, manifest.export_seconds)
     return 0
 
 

@@ -78,11 +78,13 @@ def plan(cfg: EncoderConfig) -> Plan:
     return Plan("emit")
 
 
-def expected_nodes(cfg: EncoderConfig) -> dict[str, int]:
-    """What an emitted serving graph must hold: one MultiHeadAttention per layer, a
-    RotaryEmbedding for q and one for k per layer when positions rotate, and no Softmax."""
+def expected_nodes(cfg: EncoderConfig, attention: int | None = None) -> dict[str, int]:
+    """What an emitted serving graph must hold: one MultiHeadAttention per layer (or per
+    `attention` module: SigLIP's pooling head is one more), a RotaryEmbedding for q and one for
+    k per layer when positions rotate, and no Softmax."""
     rotary = 2 * cfg.n_layers if cfg.positions == "rotary" else 0
-    return {"MultiHeadAttention": cfg.n_layers, "RotaryEmbedding": rotary, "Softmax": 0}
+    mha = cfg.n_layers if attention is None else attention
+    return {"MultiHeadAttention": mha, "RotaryEmbedding": rotary, "Softmax": 0}
 
 
 class _RotaryEmbedding(torch.autograd.Function):

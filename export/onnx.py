@@ -130,19 +130,30 @@ def _export(
     dynamic: dict[str, dict[int, str]],
     gated: bool = False,
 ) -> None:
-    """gated: the graph takes head gates (B, L, h) after its token inputs."""
-    module.eval()
+    """A text model's graph; gated: it takes head gates (B, L, h) after its token inputs."""
     cfg = config_of(model)
     tokens = graph_inputs(model)
     axes = {name: {0: "batch", 1: "sequence"} for name in tokens}
-    sample = _sample_inputs(cfg.vocab_size, tokens)
+    sample: tuple[object, ...] = _sample_inputs(cfg.vocab_size, tokens)
     inputs = list(tokens)
     if gated:
         inputs.append(HEAD_GATES)
         axes[HEAD_GATES] = {0: "gate_rows"}
         # As a keyword: a graph without token types has no third positional input.
-        gates = {HEAD_GATES: torch.ones(2, cfg.n_layers, cfg.n_heads)}
-        sample = (*sample, gates)  # type: ignore[arg-type]
+        sample = (*sample, {HEAD_GATES: torch.ones(2, cfg.n_layers, cfg.n_heads)})
+    trace(module, path, sample, inputs, outputs, {**axes, **dynamic})
+
+
+def trace(
+    module: nn.Module,
+    path: Path,
+    sample: tuple[object, ...],
+    inputs: list[str],
+    outputs: list[str],
+    axes: dict[str, dict[int, str]],
+) -> None:
+    """torch.onnx.export of `module` on `sample`, its weights written after (export/stream.py)."""
+    module.eval()
     with torch.no_grad(), warnings.catch_warnings(), stream.shadow_weights(module) as state:
         # The TorchScript exporter is the one whose graph shape ONNX Runtime's BERT fusion
         # matches; it warns that it is deprecated. It traces memoryless stand-ins of the
@@ -155,7 +166,7 @@ def _export(
                 str(path),
                 input_names=inputs,
                 output_names=outputs,
-                dynamic_axes={**axes, **dynamic},
+                dynamic_axes=axes,
                 opset_version=OPSET,
                 export_params=False,
                 keep_initializers_as_inputs=True,

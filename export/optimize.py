@@ -87,11 +87,13 @@ def check_fusion(model: onnx.ModelProto, n_layers: int) -> FusionReport:
     return FusionReport(op_counts(model), attention, softmax)
 
 
-def check_emitted(model: onnx.ModelProto, cfg: EncoderConfig) -> FusionReport:
+def check_emitted(
+    model: onnx.ModelProto, cfg: EncoderConfig, attention: int | None = None
+) -> FusionReport:
     """The nodes export wrote itself (export/fused.py) are all there after optimisation, and no
     Softmax is left: anything else is export's own bug, and an error naming the op."""
     counts = Counter(node.op_type for node in model.graph.node)
-    for op, want in expected_nodes(cfg).items():
+    for op, want in expected_nodes(cfg, attention).items():
         if counts[op] != want:
             raise FusionError(
                 f"{cfg.architecture}: the serving graph has {counts[op]} {op} node(s), export "
@@ -144,14 +146,19 @@ def attach_attention_bias(model: onnx.ModelProto, bias: str) -> None:
 
 
 def fuse(
-    raw: Path, out: Path, cfg: EncoderConfig, plan: Plan, allow_unfused: bool = False
+    raw: Path,
+    out: Path,
+    cfg: EncoderConfig,
+    plan: Plan,
+    allow_unfused: bool = False,
+    attention: int | None = None,
 ) -> FusionReport:
     """Optimise `raw` into `out` and gate it by the family's plan (module docstring).
 
     "match": FusionError when attention did not fuse, unless allow_unfused (then `out` is the
     optimised but unfused graph, and the report says fused=False and why). "emit": FusionError
-    unless every emitted node survived. "none": the optimised unfused graph, with the plan's
-    reason.
+    unless every emitted node survived (`attention`: the attention modules export switched,
+    when not one per layer). "none": the optimised unfused graph, with the plan's reason.
     """
     from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
     from onnxruntime.transformers.onnx_model import OnnxModel
@@ -194,7 +201,7 @@ def fuse(
         optimized, report = unfused(plan.reason or "no fused kernel")
     elif plan.kind == "emit":
         optimized = optimize(external.load_lean(raw))
-        report = check_emitted(optimized.model, cfg)
+        report = check_emitted(optimized.model, cfg, attention)
     else:
         try:
             model = external.load_lean(raw)

@@ -32,6 +32,8 @@ SMALL_FILES = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "preprocessor_config.json",  # an image-text model's image preparation (CLIP, SigLIP)
+    "spiece.model",  # SigLIP's SentencePiece vocabulary (it ships no tokenizer.json)
     "modules.json",
     "sentence_bert_config.json",
     "config_sentence_transformers.json",

@@ -117,7 +117,10 @@ class AttentionPooling(nn.Module):
     def forward(self, hidden: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """hidden (B, N, d) -> pooled (B, d) and, with need_weights, the probe's map (B, h, 1, N)."""
         probe = self.probe.expand(hidden.shape[0], -1, -1)  # (B, 1, d)
-        y, weights = self.attn(probe, hidden, hidden, need_weights=need_weights)  # (B, 1, d)
+        every = torch.ones(hidden.shape[:2], dtype=torch.int64, device=hidden.device)
+        y, weights = self.attn(
+            probe, hidden, hidden, key_padding_mask=every, need_weights=need_weights
+        )  # (B, 1, d)
         y = y + self.ffn(self.norm(y))
         return y[:, 0], weights
 

@@ -58,6 +58,13 @@ class Bundle:
             raise BundleError(f"{self.root} has no {key!r} graph (it has: {', '.join(graphs)})")
         return self.root / graphs[key].file
 
+    def vision_path(self, key: GraphKey) -> Path:
+        """A graph of an image-text model's vision tower (Manifest.vision)."""
+        vision = self.manifest.vision
+        if vision is None or key not in vision.graphs:
+            raise BundleError(f"{self.root} has no vision {key!r} graph")
+        return self.root / vision.graphs[key].file
+
     def graph_bytes(self, keys: list[GraphKey] | None = None) -> int:
         """What the graphs (all, or those named) take on disk, external data included."""
         graphs = self.manifest.graphs

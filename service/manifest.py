@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from service.images.preprocessing import ImagePreprocessing
+
 # 4: sparse and multi-vector outputs (Manifest.outputs); graphs over 2 GiB keep their weights in
 # external data files (GraphEntry.data); decoders' instruction format and a causal LM
 # reranker's template.
@@ -218,6 +220,53 @@ class MultiVectorOutput(Frozen):
     expansion_id: int | None = None
 
 
+class VisionTower(Frozen):
+    """An image-text model's vision tower (CLIP, SigLIP): its graphs, how an image becomes its
+    pixel_values (the checkpoint's preprocessor_config.json, applied by service/images), and
+    its numbers. Its image vectors live in the text tower's space (Manifest.dimensions)."""
+
+    architecture: str
+    num_layers: int
+    num_heads: int
+    d_model: int
+    d_ff: int
+    image_size: int
+    patch_size: int
+    channels: int = 3
+    class_token: bool  # CLIP's first token; SigLIP has none
+    pooling: Literal["cls", "map"]  # the class token's vector, or SigLIP's attention pooling
+    # "encoder": pixel_values (B, C, H, W) -> image_embeds (B, dim), fused; "attention": and
+    # every layer's maps (L, B, h, N, N) (and MAP's probe map (B, h, 1, N)), with head_gates.
+    graphs: dict[GraphKey, GraphEntry]
+    preprocessing: ImagePreprocessing
+    probe_images: int
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def tokens(self) -> int:
+        """The sequence its layers run: the patches (and the class token first)."""
+        return self.grid**2 + int(self.class_token)
+
+
+class ZeroShot(Frozen):
+    """How an image-text model turns image-label similarities into probabilities, as its model
+    card does: logit = cos(image, text) · scale + bias; CLIP softmaxes over the labels, SigLIP
+    takes each label's sigmoid on its own."""
+
+    probabilities: Literal["softmax", "sigmoid"]
+    scale: float  # exp(logit_scale)
+    bias: float = 0.0
+    template: str = "This is a photo of {label}."  # a label's text (transformers' pipeline's)
+
+    @field_validator("template")
+    @classmethod
+    def _one_label(cls, value: str) -> str:
+        return check_format(value, ("label",), "the zero-shot template")
+
+
 class Manifest(Frozen):
     format: int = FORMAT_VERSION
     name: str
@@ -266,6 +315,12 @@ class Manifest(Frozen):
     pruning: Pruning | None = None  # a pruned model: what was removed and the gate's figures
     sparse: SparseOutput | None = None
     multi_vector: MultiVectorOutput | None = None
+    # An image-text model (CLIP, SigLIP): the graphs above are its text tower; its vision tower
+    # and zero-shot classification here. "max_length": every text is padded to max_length and
+    # every position attended (SigLIP's model card); "longest": batches pad as usual.
+    vision: VisionTower | None = None
+    zero_shot: ZeroShot | None = None
+    text_padding: Literal["longest", "max_length"] = "longest"
 
     @field_validator("instruction_format")
     @classmethod
@@ -280,6 +335,7 @@ class Manifest(Frozen):
 
     def files(self) -> dict[str, str]:
         """file name -> sha256 for every file the manifest lists (external data included)."""
-        listed = {name: sha for g in self.graphs.values() for name, sha in g.files().items()}
+        graphs = [*self.graphs.values(), *(self.vision.graphs.values() if self.vision else ())]
+        listed = {name: sha for g in graphs for name, sha in g.files().items()}
         listed[self.tokenizer.file] = self.tokenizer.sha256
         return listed

@@ -43,6 +43,7 @@ from service.pipelines.base import Intake
 from service.pipelines.call import Drain
 from service.pipelines.embed import EmbedPipeline
 from service.pipelines.explain.pipeline import ExplainPipeline, Traffic
+from service.pipelines.images import ImagePipeline
 from service.pipelines.outputs import OutputsPipeline, expansion_pad, outputs_infer
 from service.pipelines.score import ScorePipeline
 from service.pipelines.template import templated
@@ -70,6 +71,7 @@ Capability = Literal[
     "encode",
     "sparse",
     "multi_vector",
+    "images",
 ]
 WANTED: dict[Capability, str] = {
     "embed": "an embedding model",
@@ -81,6 +83,7 @@ WANTED: dict[Capability, str] = {
     "encode": "an embedding model (dense, sparse or multi-vector)",
     "sparse": "a model with a sparse output (SPLADE, bge-m3)",
     "multi_vector": "a model with a multi-vector output (ColBERT, bge-m3)",
+    "images": "an image-text model (CLIP, SigLIP)",
 }
 # The capabilities that are a model's outputs: a request for one names what the model has.
 OUTPUT_CAPABILITIES: dict[Capability, str] = {
@@ -136,10 +139,12 @@ def session_cost(s: Settings, backend: Backend) -> CostModel:
 
 @dataclass(frozen=True)
 class Calibration:
-    """A batcher whose session warm-up times, up to the longest input it runs."""
+    """A batcher whose session warm-up times, up to the longest input it runs (from the
+    shortest: a vision tower's inputs all have one length)."""
 
     batcher: DynamicBatcher
     longest: int
+    shortest: int = 8
 
 
 @dataclass
@@ -154,6 +159,7 @@ class Model:
     explain: ExplainPipeline | None = None
     batchers: list[DynamicBatcher] = field(default_factory=list)
     outputs: OutputsPipeline | None = None  # sparse and token vectors (and dense) at once
+    images: ImagePipeline | None = None  # an image-text model's vision tower
     calibrations: list[Calibration] = field(default_factory=list)  # one per session
 
     @property
@@ -172,6 +178,8 @@ class Model:
             caps.add("attention")
         if self.explain is not None:
             caps.add("explain")
+        if self.images is not None:
+            caps.add("images")
         return caps
 
     @property
@@ -271,6 +279,13 @@ def build_model(
             name, templated(backend), settings, metrics, own, session_cost(settings, backend)
         )
         model.batchers += model.attention.batchers
+    if manifest.vision is not None:
+        # The vision tower: a batcher of its own (its cost is its own session's), its images
+        # all one length (the tower's tokens), calibrated at that length.
+        images = intake(backend.run_images, "encode_images")
+        model.images = ImagePipeline(backend, images, settings)
+        length = manifest.vision.tokens
+        model.calibrations.append(Calibration(images.batcher, length, length))
     serving = model.embed or model.score
     assert serving is not None
     # Warm-up times each session through its primary batcher: the main lane up to the longest
@@ -606,7 +621,7 @@ class Registry:
             return
         token = model.backend.manifest.vocab_size // 2  # any word: the cost is not the ids'
         for c in model.calibrations:
-            await c.batcher.calibrate(c.longest, token, s.calibration_s)
+            await c.batcher.calibrate(c.longest, token, s.calibration_s, c.shortest)
             cost = c.batcher.cost
             f = cost.current
             assert f is not None

@@ -175,6 +175,27 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size; then 413")
 
+    # Images (CLIP, SigLIP): what one image may cost, and where one may come from
+    max_images: int = Field(64, ge=1, description="images per request; then 422")
+    image_max_bytes: int = Field(
+        20 * 2**20, ge=1024, description="an image's encoded bytes (base64 decoded, or fetched)"
+    )
+    image_max_pixels: int = Field(
+        50_000_000,
+        ge=1,
+        le=89_478_485,  # PIL's own bomb threshold, where it warns and then refuses
+        description="an image's width x height, read from its header before decoding; then 413",
+    )
+    image_url_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="hosts whose http(s) image URLs the server may fetch, comma-separated "
+        "(empty: none; no request leaves the server unless an operator lists hosts)",
+    )
+    image_fetch_timeout_s: float = Field(10.0, gt=0, description="an image URL's whole fetch")
+    image_decode_threads: int = Field(
+        2, ge=1, description="images decoded at once (each holds its decoded pixels)"
+    )
+
     body_timeout_s: float = Field(
         10.0, gt=0, description="a request body sent in pieces must arrive within this; then 408"
     )
@@ -260,7 +281,7 @@ class Settings(BaseSettings):
         30.0, gt=0, description="grace for in-flight requests on SIGTERM"
     )
 
-    @field_validator("bundles", mode="before")
+    @field_validator("bundles", "image_url_hosts", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

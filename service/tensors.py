@@ -57,6 +57,9 @@ class Batch:
     attention_mask: np.ndarray  # (B, N) int64, 1 = real token
     token_type_ids: np.ndarray | None = None  # (B, N) int64
     head_gates: np.ndarray | None = None  # (B, L, h) float32, the attention graph's; None: ones
+    # An image batch's pixels (B, C, H, W) float32 (a vision tower's graphs); its ids are then
+    # placeholders, one per token the tower runs (what its cost is counted in).
+    pixel_values: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -66,8 +69,10 @@ class Batch:
         types: Sequence[Sequence[int] | None] | None = None,
         masks: Sequence[Sequence[int] | None] | None = None,
         gates: Sequence[np.ndarray | None] | None = None,
+        pixels: Sequence[np.ndarray | None] | None = None,
     ) -> Batch:
-        """gates: a sequence's head gates (L, h), None: ones (every head)."""
+        """gates: a sequence's head gates (L, h), None: ones (every head); pixels: an image's
+        (C, H, W) pixel values, for a vision tower's batch."""
         ids, mask = pad_batch(sequences, pad_id, masks)
         type_ids = None
         if types is not None and any(t is not None for t in types):
@@ -79,7 +84,13 @@ class Batch:
             for row, g in enumerate(gates or ()):
                 if g is not None:
                     head_gates[row] = g
-        return cls(ids, mask, type_ids, head_gates)
+        pixel_values = None
+        if pixels is not None and any(p is not None for p in pixels):
+            if any(p is None for p in pixels):
+                raise ValueError("an image batch needs every row's pixels")
+            pixel_values = np.stack([p for p in pixels if p is not None])  # (B, C, H, W)
+            pixel_values = pixel_values.astype(np.float32, copy=False)
+        return cls(ids, mask, type_ids, head_gates, pixel_values)
 
     def feeds(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         """The arrays a graph with these input names takes (types default to zeros), and the
@@ -88,6 +99,10 @@ class Batch:
         if "token_type_ids" in names:
             types = self.token_type_ids
             out["token_type_ids"] = types if types is not None else np.zeros_like(self.input_ids)
+        if "pixel_values" in names:
+            if self.pixel_values is None:
+                raise ValueError("a vision graph's batch needs pixel_values")
+            out["pixel_values"] = self.pixel_values
         feeds = {name: out[name] for name in names}
         if self.head_gates is not None:
             feeds["head_gates"] = self.head_gates

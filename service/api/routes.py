@@ -318,10 +318,20 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "/predict",
         TEI,
-        one(tei_schemas.PredictRequest, tei_handlers.predict, tei_schemas.PredictResponse),
+        (
+            Variant(tei_schemas.PredictRequest, tei_handlers.predict, tei_schemas.PredictResponse),
+            Variant(
+                native_schemas.ZeroShotRequest,
+                native_handlers.zero_shot,
+                tei_schemas.PredictResponse,
+                HEADWISE,
+            ),
+        ),
         capability="classify",
         lane=True,
-        summary="TEI: every label's score for each text or pair",
+        discriminator=second_if("image"),
+        summary="TEI: every label's score for each text or pair; or, with `image` and `labels`, "
+        "an image-text model's zero-shot probabilities",
     ),
     # --- Cohere (and Jina, and Voyage's rerank) ---------------------------------------------
     Route(

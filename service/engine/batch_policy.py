@@ -19,6 +19,7 @@ class Item:
     types: Sequence[int] | None = None  # token type ids (text pairs), same length as ids
     mask: Sequence[int] | None = None  # its own attention mask (0 = left out); None: all ones
     gates: Any = None  # its head gates, an (L, h) array (0 = head left out); None: all ones
+    pixels: Any = None  # an image's pixel values (C, H, W) (a vision tower's item)
     started: float = 0.0  # when its batch began inference
     inference_s: float = 0.0
     batch_size: int = 0  # its batch's texts and padded tokens (traces)

@@ -136,10 +136,13 @@ class DynamicBatcher:
             return None
         return lambda rows, n: self.batch_s(rows, n) <= limit
 
-    async def calibrate(self, longest: int, token_id: int, budget_s: float) -> None:
-        """Time this batcher's runs at a few shapes up to `longest` tokens, on its own thread
-        (the long lane's at its priority), and fit its cost (before any request is queued)."""
-        plan = shapes(longest, self.policy.max_batch_size)
+    async def calibrate(
+        self, longest: int, token_id: int, budget_s: float, shortest: int = 8
+    ) -> None:
+        """Time this batcher's runs at a few shapes from `shortest` up to `longest` tokens, on
+        its own thread (the long lane's at its priority), and fit its cost (before any request
+        is queued). A vision tower's sequences all have one length: shortest = longest."""
+        plan = shapes(longest, self.policy.max_batch_size, shortest)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         samples = await loop.run_in_executor(
@@ -165,11 +168,13 @@ class DynamicBatcher:
         types: Sequence[Sequence[int]] | None = None,
         masks: Sequence[Sequence[int]] | None = None,
         gates: Sequence[Any] | None = None,
+        pixels: Sequence[Any] | None = None,
     ) -> list[Item]:
         """Queue every sequence or none (429 when they don't fit); one item (future) each.
         deadline: the monotonic time by which its request must be answered. masks: each
         sequence's own attention mask (an explanation leaves tokens out), default all ones;
-        gates: its head gates (L, h) for the attention graph (an explanation leaves heads out)."""
+        gates: its head gates (L, h) for the attention graph (an explanation leaves heads out);
+        pixels: an image's pixel values (C, H, W), for a vision tower's batcher."""
         if self._closing:
             raise Unavailable("the server is shutting down", retry_after=1)
         if len(self._queue) + len(sequences) > self.policy.max_queue:
@@ -183,9 +188,12 @@ class DynamicBatcher:
         kinds = types if types is not None else [None] * len(sequences)
         own = masks if masks is not None else [None] * len(sequences)
         gated = gates if gates is not None else [None] * len(sequences)
+        images = pixels if pixels is not None else [None] * len(sequences)
         items = [
-            Item(seq, loop.create_future(), now, deadline, kind, mask, gate)
-            for seq, kind, mask, gate in zip(sequences, kinds, own, gated, strict=True)
+            Item(seq, loop.create_future(), now, deadline, kind, mask, gate, image)
+            for seq, kind, mask, gate, image in zip(
+                sequences, kinds, own, gated, images, strict=True
+            )
         ]
         for it in items:
             it.future.add_done_callback(self._on_done)
@@ -299,6 +307,7 @@ class DynamicBatcher:
                 [it.types for it in batch],
                 [it.mask for it in batch],
                 [it.gates for it in batch],
+                [it.pixels for it in batch],
             )
             started = time.monotonic()
             for it in batch:

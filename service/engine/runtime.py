@@ -5,6 +5,8 @@ core: run(batch) -> (B, d) pooled embeddings or (B, labels) logits   (the fused 
       run_outputs(batch) -> every output by name (sparse, token vectors; one run)
       attend(batch) -> primary output, attentions (L, B, h, N, N)     (the unfused debug graph)
       gated(batch) -> primary output, each row with its head gates     (the same graph)
+      run_images(batch) -> (B, d) image vectors            (an image-text model's vision tower)
+      attend_images(batch) -> image vectors, attentions (and SigLIP's pooling probe's map)
 post: normalisation, dimensions, activations are per request, in the pipelines
 """
 
@@ -77,6 +79,8 @@ class Backend(Protocol):
     def run_tokens(self, batch: Batch) -> np.ndarray | None: ...
     def attend(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]: ...
     def gated(self, batch: Batch) -> np.ndarray: ...
+    def run_images(self, batch: Batch) -> np.ndarray: ...
+    def attend_images(self, batch: Batch) -> list[np.ndarray]: ...
     def run_long(self, batch: Batch) -> np.ndarray: ...
     def run_outputs(self, batch: Batch, long: bool = False) -> dict[str, np.ndarray]: ...
     def warmup(self) -> None: ...
@@ -107,6 +111,16 @@ def choose_graph(bundle: Bundle, precision: str, on_cuda: bool) -> GraphKey:
         flag = {"encoder_fp16": "--fp16", "encoder_int8": "--int8"}.get(key, "")
         raise DeviceUnavailable(f"precision {precision} needs a bundle exported with {flag}")
     return key
+
+
+def pad_to_length(tok: Tokenizer, length: int, pad_id: int) -> None:
+    """Every text padded to `length` with the pad token, as a SigLIP model card runs its text
+    tower (padding="max_length", no attention mask): the padding is part of the sequence,
+    attended to like its tokens (Manifest.text_padding "max_length")."""
+    token = tok.id_to_token(pad_id)
+    if token is None:
+        raise ValueError(f"the pad id {pad_id} is not in the tokenizer's vocabulary")
+    tok.enable_padding(length=length, pad_id=pad_id, pad_token=token)
 
 
 def _inputs(session: ort.InferenceSession) -> list[str]:
@@ -198,6 +212,26 @@ class OnnxBackend:
                 False,
                 arena,
             )
+        # An image-text model's vision tower: on ONNX Runtime (its fp16 graph where the text's
+        # is), threads that never spin (one session spins: the text tower's), its maps in fp32.
+        self.vision_session = None
+        self.vision_attention_session = None
+        self.vision_graph: GraphKey | None = None
+        vision = self.manifest.vision
+        if vision is not None:
+            self.vision_graph = graph if graph in vision.graphs else "encoder"
+            providers = [CPU] if isinstance(self.session, OpenVinoSession) else used
+            self.vision_session = build_session(
+                bundle.vision_path(self.vision_graph), providers, settings.threads, False, arena
+            )
+            if settings.attention_enabled and "attention" in vision.graphs:
+                self.vision_attention_session = build_session(
+                    bundle.vision_path("attention"),
+                    providers,
+                    settings.attention_threads,
+                    False,
+                    arena,
+                )
         log.info(
             "%s: serving %s (%s) on %s: %s",
             self.manifest.name,
@@ -262,6 +296,8 @@ class OnnxBackend:
         tok = Tokenizer.from_file(str(self.bundle.tokenizer_path))
         tok.no_padding()
         tok.enable_truncation(max_length=self.manifest.max_length, direction=direction)
+        if self.manifest.text_padding == "max_length":
+            pad_to_length(tok, self.manifest.max_length, self.manifest.special_tokens.pad)
         return tok
 
     def tokenize(
@@ -328,6 +364,34 @@ class OnnxBackend:
         )
         return np.asarray(out)
 
+    def _pixels(self, batch: Batch) -> dict[str, np.ndarray]:
+        """The vision graphs' feed; a calibration batch (ids alone) runs blank images."""
+        vision = self.manifest.vision
+        if vision is None:
+            raise RuntimeError(f"{self.manifest.name} has no vision tower")
+        pixels = batch.pixel_values
+        if pixels is None:
+            size = (len(batch), vision.channels, vision.image_size, vision.image_size)
+            pixels = np.zeros(size, dtype=np.float32)
+        return {"pixel_values": pixels}
+
+    def run_images(self, batch: Batch) -> np.ndarray:
+        """Image vectors (B, d) in the text tower's space."""
+        if self.vision_session is None:
+            raise RuntimeError(f"{self.manifest.name} has no vision tower")
+        (out,) = self.vision_session.run(["image_embeds"], self._pixels(batch), self._run_opts)
+        return np.asarray(out)
+
+    def attend_images(self, batch: Batch) -> list[np.ndarray]:
+        """Image vectors, every layer's maps (L, B, h, N, N), and SigLIP's pooling probe's
+        (B, h, 1, N); with the batch's head gates when it has any."""
+        if self.vision_attention_session is None:
+            raise RuntimeError("vision attention graph not loaded")
+        feeds = self._pixels(batch)
+        if batch.head_gates is not None:
+            feeds["head_gates"] = batch.head_gates
+        return [np.asarray(x) for x in self.vision_attention_session.run(None, feeds, self._run_opts)]
+
     def warmup(self) -> None:
         """Each session once, at the longest input it will run (the long lane's: a short one,
         only to load its kernels: at 8,192 tokens a warm-up batch held 8 GB and took 20 s)."""
@@ -341,3 +405,8 @@ class OnnxBackend:
         if self.long_session is not None:
             ids = np.full((1, 8), 5, dtype=np.int64)
             self.run_long(Batch(ids, np.ones_like(ids)))
+        if self.vision_session is not None:
+            blank = Batch(np.zeros((2, 1), dtype=np.int64), np.ones((2, 1), dtype=np.int64))
+            self.run_images(blank)
+            if self.vision_attention_session is not None:
+                self.attend_images(blank)

@@ -47,6 +47,7 @@ class Prepared:
     masks: list[list[int]] | None = None  # each sequence's own attention mask (default ones)
     pieces: list[int] | None = None  # queue this many sequences at a time, in turn (sum: all)
     gates: list[Any] | None = None  # each sequence's head gates (L, h) (default all ones)
+    pixels: list[Any] | None = None  # an image's pixel values (C, H, W) (a vision tower's)
 
     def split(self) -> list[Prepared]:
         """The pieces to queue one after another (one: the whole)."""
@@ -60,7 +61,10 @@ class Prepared:
             types = self.types[part] if self.types is not None else None
             masks = self.masks[part] if self.masks is not None else None
             gates = self.gates[part] if self.gates is not None else None
-            out.append(Prepared(self.sequences[part], types, masks=masks, gates=gates))
+            pixels = self.pixels[part] if self.pixels is not None else None
+            out.append(
+                Prepared(self.sequences[part], types, masks=masks, gates=gates, pixels=pixels)
+            )
             start += size
         return out
 
@@ -139,9 +143,10 @@ class Intake:
     def _submit(self, prepared: Prepared, deadline: float) -> list[Item]:
         """Every sequence queued in its lane (or none: 429), its item at its own index."""
         seqs, types, masks, gates = prepared.sequences, prepared.types, prepared.masks, prepared.gates
+        pixels = prepared.pixels
         lanes = self.lanes([len(x) for x in seqs])
         if len(lanes) == 1:
-            return lanes[0][0].submit(seqs, deadline, types, masks, gates)
+            return lanes[0][0].submit(seqs, deadline, types, masks, gates, pixels)
         items: list[Item | None] = [None] * len(seqs)
         queued: list[Item] = []
         try:
@@ -152,6 +157,7 @@ class Intake:
                     _pick(types, idx),
                     _pick(masks, idx),
                     _pick(gates, idx),
+                    _pick(pixels, idx),
                 )
                 queued += got
                 for i, it in zip(idx, got, strict=True):

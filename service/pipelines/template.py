@@ -260,6 +260,12 @@ class TemplatedBackend:
     def run_outputs(self, batch: Batch, long: bool = False) -> dict[str, np.ndarray]:
         return self.backend.run_outputs(batch, long)
 
+    def run_images(self, batch: Batch) -> np.ndarray:
+        return self.backend.run_images(batch)
+
+    def attend_images(self, batch: Batch) -> list[np.ndarray]:
+        return self.backend.attend_images(batch)
+
     def warmup(self) -> None:
         self.backend.warmup()
 

@@ -12,12 +12,61 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from tests.models.checkpoints import reinit, write_tokenizer
+from tests.models.checkpoints import reinit
 
 VOCAB = 100
 EOS = VOCAB - 1  # CLIP pools the end token's vector: the first EOS of each row
 IMAGE = 32
 PATCH = 8
+
+
+def write_tokenizer(folder: Path, specials: dict[str, int], template: str) -> None:
+    """A word-level tokenizer.json ("w2 w7 ..." -> ids) whose post-processor adds the model's
+    special tokens as its own tokenizer does (CLIP: start and end; SigLIP: end)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {f"w{i}": i for i in range(VOCAB)} | specials
+    vocab = {word: i for word, i in vocab.items() if i not in specials.values() or word in specials}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=next(iter(specials))))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=list(specials.items())
+    )
+    tok.save(str(folder / "tokenizer.json"))
+
+
+SENTENCE_WORDS = (
+    "a photo of the cat dog sitting on mat two dogs play in snow red car parked near old church "
+    "quick brown fox jumps over lazy bird flying above sea blue sky green tree small house"
+)
+
+
+def write_spiece(folder: Path) -> None:
+    """A SentencePiece unigram vocabulary trained on a few hundred random sentences (SigLIP's
+    checkpoints ship spiece.model and no tokenizer.json): <pad> 0, </s> 1, <unk> 2."""
+    import io
+    import random
+
+    import sentencepiece as spm
+
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choices(SENTENCE_WORDS.split(), k=rng.randint(3, 12))) for _ in range(400)]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=60,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        pad_piece="<pad>",
+        eos_piece="</s>",
+        unk_piece="<unk>",
+        minloglevel=2,
+    )
+    (folder / "spiece.model").write_bytes(model.getvalue())
 
 
 def _text(**extra: object) -> dict[str, object]:
@@ -56,7 +105,7 @@ def save_clip(folder: Path, seed: int = 0) -> nn.Module:
         model.logit_scale.fill_(2.6592)  # the checkpoints' log(1 / 0.07)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    write_tokenizer(folder, VOCAB)
+    write_tokenizer(folder, {"<unk>": 0, "<start>": 1, "<end>": EOS}, "<start> $A <end>")
     CLIPImageProcessorPil(
         size={"shortest_edge": IMAGE}, crop_size={"height": IMAGE, "width": IMAGE}
     ).save_pretrained(folder)
@@ -76,7 +125,7 @@ def save_siglip(folder: Path, seed: int = 0) -> nn.Module:
         model.logit_bias.fill_(-10.0)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    write_tokenizer(folder, VOCAB)
+    write_spiece(folder)
     SiglipImageProcessorPil(size={"height": IMAGE, "width": IMAGE}).save_pretrained(folder)
     return model
 

@@ -3,6 +3,7 @@ attention maps and their viewer."""
 
 from __future__ import annotations
 
+from asyncio import gather
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
@@ -18,6 +19,7 @@ from service.api.native.schemas import (
     EncodeRequest,
     ExplainRequest,
     TokenizeDetailsRequest,
+    ZeroShotRequest,
 )
 from service.errors import InvalidInput
 from service.manifest import Output
@@ -38,6 +40,8 @@ STREAM_BYTES = 1 << 20
 async def encode(ctx: Context, body: EncodeRequest) -> Response:
     """One plan from the request (which outputs or chunks, what they cost), run, and the answer
     assembled from the plan and its result."""
+    if body.images is not None:
+        return await _encode_images(ctx, body)
     model = _encoder(ctx, body)
     p = _plan(model, body)
     out = await p.run(ctx.call)
@@ -60,6 +64,51 @@ async def encode(ctx: Context, body: EncodeRequest) -> Response:
     return await _outputs_answer(ctx, body, model, p.outputs, out)
 
 
+async def _encode_images(ctx: Context, body: EncodeRequest) -> Response:
+    """An image-text model's texts and images at once, each on its tower: the texts' vectors
+    first, then the images', in one space."""
+    model = ctx.model(body.model, "images")
+    images, texts = model.images, model.embed
+    assert images is not None and texts is not None
+    texts.check_dimensions(body.dimensions)
+    images.check(body.images or [])
+    work = [images.embed(ctx.call, body.images or [], body.normalize, body.dimensions)]
+    if body.inputs is not None:
+        how = Tokenizing(
+            truncate=body.truncate, prompt_name=body.prompt_name, instruction=body.instruction
+        )
+        inputs = texts.validate(body.inputs, "inputs")
+        work.insert(0, texts.embed(ctx.call, inputs, how, body.normalize, body.dimensions))
+    done = await gather(*work)
+    vectors = np.concatenate([d.vectors for d in done])
+    timings = done[0].timings
+    for d in done[1:]:
+        timings.tokens += d.timings.tokens
+    tokens = [n for d in done for n in d.tokens]
+    return ctx.respond({**_dense(model, vectors), "tokens": tokens}, timings)
+
+
+async def zero_shot(ctx: Context, body: ZeroShotRequest) -> Response:
+    """Each image's labels by probability, best first (TEI's /predict answer shape)."""
+    model = ctx.model(body.model, "images")
+    images, texts = model.images, model.embed
+    assert images is not None and texts is not None
+    refs = [body.image] if isinstance(body.image, str) else body.image
+    images.check(refs, "image")
+    done = await gather(
+        *(images.classify(ctx.call, ref, body.labels, texts, body.template) for ref in refs)
+    )
+    answers = [
+        sorted(
+            ({"label": label, "score": p} for label, p in zip(body.labels, d.probabilities, strict=True)),
+            key=lambda a: -float(a["score"]),  # type: ignore[arg-type]
+        )
+        for d in done
+    ]
+    timings = done[0].timings
+    return ctx.respond(answers[0] if isinstance(body.image, str) else answers, timings)
+
+
 def _plan(model: Model, body: EncodeRequest) -> EncodePlan:
     embed = model.embed
     assert embed is not None
@@ -74,7 +123,7 @@ def _plan(model: Model, body: EncodeRequest) -> EncodePlan:
     return plan(
         embed,
         model.outputs,
-        body.inputs,
+        body.inputs or [],
         how,
         body.normalize,
         body.dimensions,

@@ -65,8 +65,25 @@ class EncodeOutputs(Strict):
     )
 
 
+ImageRef = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description="an image: a data URI (data:image/png;base64,...), base64 bytes, or an "
+        "http(s) URL of a host the operator allows (HEADWISE_IMAGE_URL_HOSTS)",
+    ),
+]
+
+
 class EncodeRequest(EncodeOutputs):
-    inputs: Texts = Field(description="a text or a list of texts")
+    inputs: Texts | None = Field(
+        None, description="a text or a list of texts (or none, with images)"
+    )
+    images: Annotated[list[ImageRef], Field(min_length=1)] | None = Field(
+        None,
+        description="images, for an image-text model (CLIP, SigLIP): their vectors follow the "
+        "texts' in `embeddings`, in the same space (JPEG, PNG, WebP, GIF's first frame)",
+    )
     model: ModelName = None
     normalize: StrictBool | None = Field(
         None,
@@ -96,6 +113,34 @@ class EncodeRequest(EncodeOutputs):
         description="the chunks as character spans [start, stop] of the input (a list per "
         "input when there are several), snapped to token boundaries",
     )
+
+    @model_validator(mode="after")
+    def _something(self) -> EncodeRequest:
+        if self.inputs is None and self.images is None:
+            raise ValueError("give inputs (texts), images, or both")
+        if self.images is not None and (
+            self.chunking or self.chunks or self.outputs not in (None, ["dense"])
+        ):
+            raise ValueError("images are embedded as dense vectors, without chunking")
+        return self
+
+
+class ZeroShotRequest(Strict):
+    """/predict on images (an image-text model): each candidate label's probability, as the
+    model card computes it (CLIP: softmax over the labels; SigLIP: each label's sigmoid)."""
+
+    image: ImageRef | Annotated[list[ImageRef], Field(min_length=1)] = Field(
+        description="an image, or a list of images (then a list of answers)"
+    )
+    labels: Annotated[list[Text], Field(min_length=1)] = Field(
+        description="the candidate labels, each put through the template"
+    )
+    template: Text | None = Field(
+        None,
+        description="a label's text, holding {label}; default: the bundle's (transformers' "
+        "pipeline's 'This is a photo of {label}.')",
+    )
+    model: ModelName = None
 
 
 class ChunkVector(BaseModel):

@@ -38,10 +38,12 @@ from service.engine.runtime import Backend, DeviceUnavailable
 from service.errors import ModelNotFound, Unavailable, WrongTask
 from service.manifest import GraphKey, Manifest
 from service.metrics import Metrics
+from service.pipelines.attention.images import ImageAttention
 from service.pipelines.attention.pipeline import AttentionPipeline
 from service.pipelines.base import Intake
 from service.pipelines.call import Drain
 from service.pipelines.embed import EmbedPipeline
+from service.pipelines.explain.images import PatchOcclusion
 from service.pipelines.explain.pipeline import ExplainPipeline, Traffic
 from service.pipelines.images import ImagePipeline
 from service.pipelines.outputs import OutputsPipeline, expansion_pad, outputs_infer
@@ -160,6 +162,7 @@ class Model:
     batchers: list[DynamicBatcher] = field(default_factory=list)
     outputs: OutputsPipeline | None = None  # sparse and token vectors (and dense) at once
     images: ImagePipeline | None = None  # an image-text model's vision tower
+    patches: PatchOcclusion | None = None  # /explain on an image: its patches left out
     calibrations: list[Calibration] = field(default_factory=list)  # one per session
 
     @property
@@ -286,6 +289,15 @@ def build_model(
         model.images = ImagePipeline(backend, images, settings)
         length = manifest.vision.tokens
         model.calibrations.append(Calibration(images.batcher, length, length))
+        vision_maps = "attention" in manifest.vision.graphs
+        if model.attention is not None and vision_maps:
+            a = model.attention
+            a.images = ImageAttention(
+                name, backend, settings, metrics, a.admission, a.budget, a.pacer,
+                model.images.pixels, session_cost(settings, backend),
+            )  # fmt: skip
+            model.batchers.append(a.images.batcher)
+            model.calibrations.append(Calibration(a.images.batcher, length, length))
     serving = model.embed or model.score
     assert serving is not None
     # Warm-up times each session through its primary batcher: the main lane up to the longest
@@ -312,6 +324,11 @@ def build_model(
         score=model.score,
         attention=model.attention,
     )
+    if model.images is not None and model.embed is not None:
+        image_maps = model.attention.images if model.attention is not None else None
+        model.patches = PatchOcclusion(
+            model.images, model.embed, model.explain, settings, image_maps
+        )
     return model
 
 

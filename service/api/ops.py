@@ -15,7 +15,7 @@ from service.api.context import Context
 from service.api.tei.info import Info, tei_info
 from service.engine.cpu import detect
 from service.errors import InvalidInput
-from service.manifest import Pruning
+from service.manifest import GraphKey, Pruning
 from service.registry import Capability, Model, Registry
 from service.settings import Settings
 
@@ -90,7 +90,32 @@ def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
         "rerank_template": m.rerank_template is not None,
         # A pruned model: the heads and FFN neurons removed, and its retrieval gate's figures.
         "pruning": m.pruning.model_dump() if m.pruning is not None else None,
+        # An image-text model: its vision tower (on ONNX Runtime; its maps fp32) and zero-shot.
+        "vision": _vision(model),
+        "zero_shot": m.zero_shot.model_dump() if m.zero_shot is not None else None,
         "tei": tei_info(model, settings),
+    }
+
+
+def _vision(model: Model) -> dict[str, Any] | None:
+    v = model.backend.manifest.vision
+    if v is None:
+        return None
+    graph: GraphKey = getattr(model.backend, "vision_graph", None) or "encoder"
+    return {
+        "architecture": v.architecture,
+        "num_layers": v.num_layers,
+        "num_heads": v.num_heads,
+        "image_size": v.image_size,
+        "patch_size": v.patch_size,
+        "tokens": v.tokens,
+        "pooling": v.pooling,
+        "graph": graph,
+        "precision": v.graphs[graph].precision,
+        "runtime": "onnxruntime",
+        "fused": v.graphs[graph].fused,
+        "preprocessing": v.preprocessing.model_dump(),
+        "text_padding": model.backend.manifest.text_padding,
     }
 
 

@@ -21,8 +21,10 @@ from service.api.native.schemas import (
     TokenizeDetailsRequest,
     ZeroShotRequest,
 )
-from service.errors import InvalidInput
+from service.errors import InvalidInput, Unsupported
 from service.manifest import Output
+from service.pipelines.attention.images import ImageQuery
+from service.pipelines.attention.pipeline import select
 from service.pipelines.base import as_list, check_texts
 from service.pipelines.chunking import Chunking
 from service.pipelines.compact import compact, with_pieces
@@ -152,8 +154,10 @@ async def tokenize_details(ctx: Context, body: TokenizeDetailsRequest) -> Respon
 
 
 async def attention(ctx: Context, body: AttentionRequest) -> Response:
+    if body.image is not None:
+        return await _image_attention(ctx, body, body.image)
     pipe = ctx.model(body.model).attention
-    assert pipe is not None
+    assert pipe is not None and body.input is not None
     query = pipe.query(
         body.input,
         body.layers,
@@ -165,11 +169,36 @@ async def attention(ctx: Context, body: AttentionRequest) -> Response:
     )
     out = await pipe.run(ctx.call, query)
     ctx.timed(out.timings)
-    size = sum(map(len, out.body))
+    return _streamed(out.body, out.media_type)
+
+
+async def _image_attention(ctx: Context, body: AttentionRequest, image: str) -> Response:
+    model = ctx.model(body.model, "images")
+    if model.attention is None or model.attention.images is None:
+        raise Unsupported(
+            f"{model.name} serves no maps of its vision tower: /attention is off "
+            "(HEADWISE_ATTENTION_ENABLED) or its bundle has no vision attention graph"
+        )
+    pipe = model.attention.images
+    v = pipe.vision
+    query = ImageQuery(
+        image,
+        select("layers", body.layers, v.num_layers),
+        select("heads", body.heads, v.num_heads),
+        body.format,
+        body.encoding_format,
+    )
+    pieces, media_type, ran = await pipe.run(ctx.call, query)
+    ctx.timed(ran.timings)
+    return _streamed(pieces, media_type)
+
+
+def _streamed(pieces: list[bytes], media_type: str) -> Response:
+    size = sum(map(len, pieces))
     if size <= STREAM_BYTES:
-        return Response(b"".join(out.body), media_type=out.media_type)
+        return Response(b"".join(pieces), media_type=media_type)
     return StreamingResponse(
-        _pieces(out.body), media_type=out.media_type, headers={"content-length": str(size)}
+        _pieces(pieces), media_type=media_type, headers={"content-length": str(size)}
     )
 
 
@@ -179,14 +208,17 @@ async def _pieces(body: list[bytes]) -> AsyncIterator[bytes]:
 
 
 async def explain(ctx: Context, body: ExplainRequest) -> Response:
+    if body.image is not None:
+        return await _explain_image(ctx, body, body.image)
     name = body.model
     if name is None:  # the first model that explains this form
         takes = (m for m in ctx.registry if m.explain and body.form in m.explain.forms)
         name = next((m.name for m in takes), None)
     model = ctx.model(name)
     pipe = model.explain
-    assert pipe is not None
-    q = pipe.question(body.form, body.texts, body.granularity, body.target, body.truncate)
+    granularity = body.granularity
+    assert pipe is not None and granularity != "patch"  # an image's, refused without one
+    q = pipe.question(body.form, body.texts, granularity, body.target, body.truncate)
     out = await pipe.explain(ctx.call, q)
     payload: dict[str, object] = {"model": model.name, "granularity": q.granularity}
     if out.score is not None:
@@ -216,6 +248,38 @@ async def explain(ctx: Context, body: ExplainRequest) -> Response:
         "truncated": out.truncated,
         "attention_note": out.attention_note,
     }
+    return ctx.respond(payload, out.timings)
+
+
+async def _explain_image(ctx: Context, body: ExplainRequest, image: str) -> Response:
+    model = ctx.model(body.model, "images")
+    assert model.patches is not None
+    out = await model.patches.run(ctx.call, image, body.input)
+    v = model.patches.vision
+    attention = out.attention
+    patches = [
+        {
+            "row": r,
+            "col": c,
+            "importance": float(out.importance[r, c]),
+            "attention": float(attention[r, c]) if attention is not None else None,
+        }
+        for r in range(out.grid)
+        for c in range(out.grid)
+    ]
+    payload: dict[str, object] = {
+        "model": model.name,
+        "granularity": "patch",
+        "grid": out.grid,
+        "patch_size": v.patch_size,
+        "image_size": v.image_size,
+        "picture": out.picture,
+        "patches": patches,
+        "spearman": out.spearman,
+        "attention_note": out.attention_note,
+    }
+    if out.score is not None:
+        payload["score"] = out.score
     return ctx.respond(payload, out.timings)
 
 

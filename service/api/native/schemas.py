@@ -206,7 +206,12 @@ class TokenizeDetailsResponse(BaseModel):
 
 
 class AttentionRequest(Strict):
-    input: Text
+    input: Text | None = Field(None, description="the text to look at (or give an image)")
+    image: ImageRef | None = Field(
+        None,
+        description="an image, for an image-text model: maps over its patches (CLIP's class "
+        "token first), with the picture as the model saw it and its grid",
+    )
     pair: Text | None = Field(
         None,
         description="a second text (a cross-encoder's document): maps over the joined pair, "
@@ -224,6 +229,14 @@ class AttentionRequest(Strict):
         description="attentions as nested JSON arrays (float), or compact: base64 of "
         "little-endian float16/float32 with dtype and shape [layers, heads, n, n]",
     )
+
+    @model_validator(mode="after")
+    def _text_or_image(self) -> AttentionRequest:
+        if (self.input is None) == (self.image is None):
+            raise ValueError("give input (a text) or image, one of them")
+        if self.image is not None and self.pair is not None:
+            raise ValueError("pair goes with a text input, not an image")
+        return self
 
 
 class CompactMaps(BaseModel):
@@ -251,9 +264,17 @@ class Importance(BaseModel):
 
 class AttentionResponse(BaseModel):
     model: str
-    tokens: list[str]
-    token_ids: list[int]
-    offsets: list[list[int]]
+    tokens: list[str] = Field(description="a text's tokens; an image's [CLS] and r{row}c{col}")
+    token_ids: list[int] | None = None  # a text's
+    offsets: list[list[int]] | None = None  # a text's
+    modality: Literal["text", "image"] = "text"
+    # An image's: the patch grid (grid x grid patches of patch_size px), the picture as the model
+    # saw it (a PNG data URI, image_size px square), SigLIP's pooling probe per head (h, N).
+    grid: int | None = None
+    patch_size: int | None = None
+    image_size: int | None = None
+    picture: str | None = None
+    pool_attention: list[list[float]] | None = None
     truncated: bool
     layers: list[int]
     heads: list[int]
@@ -273,10 +294,11 @@ TwoTexts = Annotated[tuple[Text, Text] | None, WithJsonSchema(TWO_TEXTS)]
 
 
 class ExplainRequest(Strict):
-    """Exactly one of `input`, `pair`, `similarity`."""
+    """Exactly one of `input`, `pair`, `similarity`; or `image` (with `input`, optionally)."""
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"oneOf": [{"required": [f]} for f in FORMS]}
+        extra="forbid",
+        json_schema_extra={"anyOf": [{"required": [f]} for f in (*FORMS, "image")]},
     )
 
     input: OneText = Field(
@@ -290,12 +312,17 @@ class ExplainRequest(Strict):
     similarity: TwoTexts = Field(
         None, description="[a, b]: an embedder's cosine similarity of two texts"
     )
+    image: ImageRef | None = Field(
+        None,
+        description="an image (an image-text model): which patches its vector rests on, each "
+        "left out in turn; with input, which patches its similarity to that text rests on",
+    )
     model: ModelName = None
-    granularity: Literal["token", "word", "head"] = Field(
+    granularity: Literal["token", "word", "head", "patch"] = Field(
         "token",
         description="leave out one token at a time, one of the tokenizer's words (all its "
         "tokens at once), or one attention head at a time (layer by layer, in every text of "
-        "the request at once; on the attention graph)",
+        "the request at once; on the attention graph); an image's: patch (the default)",
     )
     target: Text | None = Field(
         None, description="a classifier's label to explain; default: its top label"
@@ -306,6 +333,14 @@ class ExplainRequest(Strict):
 
     @model_validator(mode="after")
     def _one_form(self) -> ExplainRequest:
+        if self.image is not None:
+            if self.pair is not None or self.similarity is not None:
+                raise ValueError("an image goes alone, or with input (a text to compare it to)")
+            if self.granularity not in ("token", "patch"):
+                raise ValueError("an image is explained patch by patch (granularity patch)")
+            return self
+        if self.granularity == "patch":
+            raise ValueError("granularity patch is an image's: send image")
         given = [f for f in FORMS if getattr(self, f) is not None]
         if len(given) != 1:
             raise ValueError(

@@ -44,13 +44,18 @@ def cls_importance(maps: np.ndarray, cls_index: int = 0) -> np.ndarray:
     return np.asarray(maps[-1, :, cls_index, :].mean(0))
 
 
-def rollout(maps: np.ndarray, cls_index: int = 0) -> np.ndarray:
+def rollout_matrix(maps: np.ndarray) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema, 2020): (0.5·mean_h A_l + 0.5·I), multiplied over
-    layers, rows renormalised; the [CLS] row of the product -> (n,), summing to 1."""
+    layers, rows renormalised -> (n, n), row i: how token i's last vector mixes the inputs."""
     n = maps.shape[-1]
     joint = np.eye(n)
     for layer in maps.astype(np.float64):
         a = 0.5 * layer.mean(0) + 0.5 * np.eye(n)
         a = a / a.sum(-1, keepdims=True)
         joint = a @ joint
-    return np.asarray(joint[cls_index])
+    return joint
+
+
+def rollout(maps: np.ndarray, cls_index: int = 0) -> np.ndarray:
+    """The rollout's [CLS] row -> (n,), summing to 1."""
+    return np.asarray(rollout_matrix(maps)[cls_index])

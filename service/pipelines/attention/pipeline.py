@@ -29,6 +29,7 @@ from service.metrics import Metrics
 from service.pipelines.attention import analysis
 from service.pipelines.attention.encoding import MapEncoding, encode_maps, with_maps
 from service.pipelines.attention.heatmap import encode_png, grid_image
+from service.pipelines.attention.images import ImageAttention
 from service.pipelines.attention.limits import Budget, Pacer
 from service.pipelines.base import Intake, Prepared, Ran
 from service.pipelines.call import Call, Timings
@@ -83,6 +84,10 @@ class AttentionPipeline:
     ) -> None:
         """cost: its graph's (timed at warm-up); admission: its own, on the serving device."""
         self.name = name
+        self.admission = admission
+        # An image-text model's vision tower's maps (service/pipelines/attention/images.py),
+        # under this budget and pacer: set by the registry once the images pipeline exists.
+        self.images: ImageAttention | None = None
         self.backend = backend
         self.settings = settings
         self.manifest = backend.manifest
@@ -131,8 +136,9 @@ class AttentionPipeline:
 
     @property
     def batchers(self) -> list[DynamicBatcher]:
-        """Its graph's: the maps', and the gated runs' when the graph takes gates."""
-        return [self.batcher] + ([self.gated.batcher] if self.gated is not None else [])
+        """Its graphs': the maps', the gated runs' when the graph takes gates, the images'."""
+        gated = [self.gated.batcher] if self.gated is not None else []
+        return [self.batcher, *gated, *([self.images.batcher] if self.images else [])]
 
     @property
     def heads(self) -> int:

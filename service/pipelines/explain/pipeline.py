@@ -224,7 +224,7 @@ class ExplainPipeline:
         return prepared
 
     @contextlib.asynccontextmanager
-    async def _turn(self, piece: Prepared) -> AsyncIterator[None]:
+    async def turn(self, piece: Prepared) -> AsyncIterator[None]:
         """A piece's turn: after the last one's pause, if others queued work meanwhile."""
         async with self.pacer.turn():
             self.traffic.own += len(piece.sequences)
@@ -252,7 +252,7 @@ class ExplainPipeline:
             return await HeadAblation(self).explain(call, q)
         async with self.admitted():
             ran: Ran[np.ndarray] = await self.intake.run(
-                call, lambda: self._prepare(call, q), hold=self._turn
+                call, lambda: self._prepare(call, q), hold=self.turn
             )
             subjects: list[Subject] = ran.prepared.extra
             values, score, target = self._importance(q, subjects, np.stack(ran.rows))

@@ -234,3 +234,103 @@ def test_images_of_concurrent_requests_share_batches(client) -> None:
     batches, images = after[0] - before[0], after[1] - before[1]
     assert images == 36
     assert batches < 12, f"{batches} batches for 12 requests: none shared"
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
+def test_attention_over_patches_equals_transformers(client, towers, kind: str) -> None:
+    """/attention on an image: every layer's and head's map over the patches equals
+    transformers' output_attentions; SigLIP's probe map equals its pooling head's; the picture
+    is what the model saw; importance comes from the pooling token."""
+    model, folder, _ = towers[kind]
+    r = client.post("/attention", json={"model": kind, "image": data_uri(encoded(PICTURES[0]))})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    pixels = processor(folder)(images=[PICTURES[0]], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        out = model.vision_model(pixel_values=pixels, output_attentions=True)
+    want = torch.stack(out.attentions)[:, 0].numpy()  # (L, h, N, N)
+    got = np.asarray(body["attentions"])
+    assert got.shape == want.shape == (2, 4, 16 + (kind == "clip"), 16 + (kind == "clip"))
+    assert np.abs(got - want).max() < TOLERANCE
+    assert body["modality"] == "image" and body["grid"] == 4 and body["patch_size"] == 8
+    assert body["tokens"][: 2 if kind == "clip" else 1] == (["[CLS]", "r0c0"] if kind == "clip" else ["r0c0"])
+    assert len(body["importance"]["rollout"]) == got.shape[-1]
+    assert sum(body["importance"]["rollout"]) == pytest.approx(1.0, abs=1e-6)
+    if kind == "siglip":
+        head = model.vision_model.head
+        hidden = out.last_hidden_state
+        with torch.no_grad():
+            _, probe = head.attention(head.probe, hidden, hidden, average_attn_weights=False)
+        assert np.abs(np.asarray(body["pool_attention"]) - probe[0, :, 0].numpy()).max() < TOLERANCE
+        assert body["importance"]["cls_last_layer"] == pytest.approx(probe[0, :, 0].mean(0).tolist(), abs=TOLERANCE)
+    else:
+        assert body["pool_attention"] is None
+        assert body["importance"]["cls_last_layer"] == pytest.approx(want[-1, :, 0].mean(0).tolist(), abs=TOLERANCE)
+    # The picture is the model's input before normalisation: it normalises back to the pixels.
+    seen = Image.open(io.BytesIO(base64.b64decode(body["picture"].split(",", 1)[1])))
+    assert seen.size == (32, 32)
+    p = processor(folder)
+    again = (np.asarray(seen, dtype=np.float64) / 255.0 - np.asarray(p.image_mean)) / np.asarray(p.image_std)
+    assert np.abs(again.transpose(2, 0, 1) - pixels[0].numpy()).max() < 1.01 / 255 / min(p.image_std)
+
+
+def test_attention_png_and_selection_over_an_image(client) -> None:
+    ref = data_uri(encoded(PICTURES[1]))
+    r = client.post("/attention", json={"model": "clip", "image": ref, "layers": [1], "heads": [0, 3]})
+    assert r.status_code == 200
+    assert np.asarray(r.json()["attentions"]).shape == (1, 2, 17, 17)
+    r = client.post("/attention", json={"model": "clip", "image": ref, "format": "png"})
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+    r = client.post("/attention", json={"model": "clip", "image": ref, "input": "w5"})
+    assert r.status_code == 422
+
+
+def their_vectors(towers, kind: str, pixels: np.ndarray) -> np.ndarray:
+    model = towers[kind][0]
+    with torch.no_grad():
+        out = model.get_image_features(pixel_values=torch.from_numpy(pixels)).pooler_output.numpy()
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
+def test_explain_patches_equals_a_direct_computation(client, towers, kind: str) -> None:
+    """Each patch's importance is transformers' image vector with that patch set to the
+    normaliser's mean (0 in the model's input), against the whole image's."""
+    model, folder, _ = towers[kind]
+    ref = data_uri(encoded(PICTURES[2]))
+    r = client.post("/explain", json={"model": kind, "image": ref})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["granularity"] == "patch" and body["grid"] == 4
+    pixels = processor(folder)(images=[PICTURES[2]], return_tensors="np")["pixel_values"]
+    variants = [pixels[0]]
+    for row in range(4):
+        for col in range(4):
+            hidden = pixels[0].copy()
+            hidden[:, row * 8 : (row + 1) * 8, col * 8 : (col + 1) * 8] = 0.0
+            variants.append(hidden)
+    vectors = their_vectors(towers, kind, np.stack(variants))
+    want = 1.0 - vectors[1:] @ vectors[0]
+    got = [p["importance"] for p in body["patches"]]
+    assert [(p["row"], p["col"]) for p in body["patches"]][:2] == [(0, 0), (0, 1)]
+    assert np.abs(np.asarray(got) - want).max() < TOLERANCE
+    assert all(p["attention"] is not None for p in body["patches"])
+    assert body["spearman"] is not None
+    # With a text: the similarity each patch carries.
+    text = "w5 w9" if kind == "clip" else "two dogs"
+    r = client.post("/explain", json={"model": kind, "image": ref, "input": text})
+    assert r.status_code == 200, r.text
+    t = their_texts(towers, kind, [text])[0]
+    t = t / np.linalg.norm(t)
+    sims = vectors @ t
+    assert r.json()["score"] == pytest.approx(float(sims[0]), abs=TOLERANCE)
+    got = [p["importance"] for p in r.json()["patches"]]
+    assert np.abs(np.asarray(got) - (sims[0] - sims[1:])).max() < TOLERANCE
+
+
+def test_explain_refuses_image_shapes_it_cannot_take(client) -> None:
+    ref = data_uri(encoded(PICTURES[2]))
+    r = client.post("/explain", json={"model": "clip", "image": ref, "granularity": "head"})
+    assert r.status_code == 422
+    r = client.post("/explain", json={"model": "clip", "input": "w5", "granularity": "patch"})
+    assert r.status_code == 422

@@ -635,3 +635,56 @@ def test_the_manuals_screenshot_is_the_viewer_on_the_default_model(browser, defa
         MANUAL_SCREENSHOT.write_bytes(shot.read_bytes())
     assert MANUAL_SCREENSHOT.exists(), "make docs-screenshots writes it"
     assert size(MANUAL_SCREENSHOT) == size(shot) == (1360, 900)
+
+
+def test_an_images_patches_are_shaded_over_the_picture(browser, tmp_path_factory) -> None:
+    """A CLIP bundle: the viewer takes a picture, lays the class token's attention (per head),
+    rollout and occlusion over its patches, and a click on a patch shows where that patch looks."""
+    from export.cli import main
+    from tests.models.image_checkpoints import save_clip
+    from tests.service.api.test_images import PICTURES, encoded
+
+    tmp = tmp_path_factory.mktemp("viewer-image")
+    save_clip(tmp / "clip")
+    assert main(["--model", str(tmp / "clip"), "--out", str(tmp / "bundle")]) == 0
+    picture = tmp / "picture.png"
+    picture.write_bytes(encoded(PICTURES[0]))
+    with serve(tmp / "bundle", tmp, ready_s=60) as server:
+        context = browser.new_context(viewport={"width": 1360, "height": 900})
+        context.set_default_timeout(WAIT_MS)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            page.goto(f"{server.url}/attention/view")
+            page.wait_for_function("document.querySelectorAll('#modelsel option').length === 1")
+            page.set_input_files("#image", str(picture))
+            wait_state(page, "ready")
+            page.wait_for_selector("#picture-card[data-drawn='head']")
+            assert "from [CLS]" in page.locator("#picture-title").inner_text()
+            assert page.locator("#clear-image").is_visible()
+            # The picture is drawn, its patches shaded: many colours on the canvas.
+            colours = page.evaluate(
+                """() => { const cv = document.querySelector('#picture-canvas');
+                  const px = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data;
+                  const seen = new Set(); for (let i = 0; i < px.length; i += 4 * 37) seen.add(px[i] + ',' + px[i+1] + ',' + px[i+2]);
+                  return seen.size; }"""
+            )
+            assert colours > 20, colours
+            # The heat map's tokens are the patches, [CLS] first.
+            assert page.locator("#heatmap text.xlabel[data-i='1']").first.text_content() == "r0c0"
+            box = page.locator("#picture-canvas").bounding_box()
+            at = {"x": box["width"] * 0.6, "y": box["height"] * 0.3}  # row 1, column 2 of 4 x 4
+            page.locator("#picture-canvas").click(position=at)
+            page.wait_for_function("document.querySelector('#picture-title').textContent.includes('patch r1c2')")
+            page.wait_for_selector("#explain-card[data-state='ready']")
+            assert "16 patches" in page.locator("#explain-summary").inner_text()
+            page.select_option("#overlay", "occlusion")
+            page.wait_for_selector("#picture-card[data-drawn='occlusion']")
+            page.select_option("#overlay", "rollout")
+            page.wait_for_selector("#picture-card[data-drawn='rollout']")
+            page.locator("#picture-card").scroll_into_view_if_needed()
+            screenshot(page, "attention-image.png")
+            assert not errors, errors
+        finally:
+            context.close()

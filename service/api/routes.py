@@ -48,6 +48,11 @@ def second_if(*keys: str) -> Callable[[Any], int]:
     return lambda body: int(any(k in body for k in keys))
 
 
+def openai_voyage_or_chat(body: Any) -> int:
+    """/v1/embeddings: OpenAI's (0), Voyage's (1), or vLLM's chat form with `messages` (2)."""
+    return 2 if openai_schemas.CHAT_KEY in body else voyage_schemas.is_voyage_embed(body)
+
+
 def oip_ready(path: str) -> Route:
     return Route(
         path,
@@ -216,11 +221,17 @@ ROUTES: tuple[Route, ...] = (
                 voyage_handlers.embeddings,
                 voyage_schemas.EmbeddingsResponse,
             ),
+            Variant(
+                openai_schemas.ChatEmbeddingsRequest,
+                openai_handlers.chat_embeddings,
+                openai_schemas.EmbeddingsResponse,
+            ),
         ),
         capability="embed",
         lane=True,
-        discriminator=voyage_schemas.is_voyage_embed,
-        summary="OpenAI-compatible embeddings (and Voyage's, told apart by its fields)",
+        discriminator=openai_voyage_or_chat,
+        summary="OpenAI-compatible embeddings (and Voyage's, told apart by its fields); vLLM's "
+        "`messages` form: a text, or an image-text model's image",
     ),
     Route(
         "/v1/models",
@@ -387,7 +398,21 @@ ROUTES += (
         ),
         capability="embed",
         lane=True,
-        summary="Cohere embed (v2): by type, output_dimension, max_tokens",
+        summary="Cohere embed (v2): by type, output_dimension, max_tokens; `images` and "
+        "`inputs` on an image-text model",
+    ),
+    # --- Voyage -----------------------------------------------------------------------------
+    Route(
+        "/v1/multimodalembeddings",
+        voyage.DIALECT,
+        one(
+            voyage_schemas.MultimodalRequest,
+            voyage_handlers.multimodal_embeddings,
+            voyage_schemas.MultimodalResponse,
+        ),
+        capability="images",
+        lane=True,
+        summary="Voyage multimodal embed on an image-text model: each input one text or one image",
     ),
     # --- Infinity ---------------------------------------------------------------------------
     Route(
@@ -400,7 +425,8 @@ ROUTES += (
         ),
         capability="embed",
         lane=True,
-        summary="Infinity: embeddings (OpenAI's shape without /v1)",
+        summary="Infinity: embeddings (OpenAI's shape without /v1); `modality: image` on an "
+        "image-text model",
     ),
     Route(
         "/models",

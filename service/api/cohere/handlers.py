@@ -1,4 +1,5 @@
-"""Cohere's rerank, v1 (and Jina's) and v2, on the same pipelines as TEI's."""
+"""Cohere's rerank, v1 (and Jina's) and v2, and embed, v1 and v2 (v2 with images), on the same
+pipelines as TEI's."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from service.api.cohere.schemas import (
     EmbedV2Request,
     RerankV1Request,
     RerankV2Request,
+    TextContent,
 )
 from service.api.context import Context
+from service.api.pieces import Image, Piece, model_for, one_piece
+from service.api.pieces import embed as pieces_embed
 from service.errors import InvalidInput
 from service.pipelines import quantize
 from service.pipelines.embed import EmbedPipeline, Role, Tokenizing
@@ -81,7 +85,10 @@ ROLES: dict[str, Role] = {
 def _tokenizing(pipe: EmbedPipeline, input_type: str | None, truncate: str, max_tokens: int | None = None) -> Tokenizing:
     """Cohere's input_type as the model's own prompt for that role, its truncate as ours."""
     if input_type == "image":
-        raise InvalidInput("input_type image: this server embeds text", param="input_type")
+        raise InvalidInput(
+            "input_type image embeds `images` (or `inputs`) on an image-text model, not `texts`",
+            param="input_type",
+        )
     return Tokenizing(
         truncate=truncate != "NONE",
         side="left" if truncate == "START" else "right",
@@ -109,6 +116,8 @@ async def embed_v1(ctx: Context, body: EmbedV1Request) -> Response:
 
 
 async def embed_v2(ctx: Context, body: EmbedV2Request) -> Response:
+    if body.texts is None:
+        return await _embed_v2_pieces(ctx, body)
     pipe = ctx.model(body.model).embed
     assert pipe is not None
     texts = pipe.validate(body.texts, "texts", body.output_dimension)
@@ -120,5 +129,44 @@ async def embed_v2(ctx: Context, body: EmbedV2Request) -> Response:
         "embeddings": {kind: quantize.encode(out.vectors, kind) for kind in body.embedding_types},
         "texts": body.texts,
         "meta": _meta("2", sum(out.tokens)),
+    }
+    return ctx.respond(payload, out.timings)
+
+
+def _pieces(body: EmbedV2Request) -> tuple[list[Piece], str]:
+    """`images` or `inputs` as pieces (one per input), and the field they came in."""
+    if body.images is not None:
+        return [Image(ref) for ref in body.images], "images"
+    assert body.inputs is not None
+    pieces = [
+        one_piece(
+            [c.text if isinstance(c, TextContent) else Image(c.image_url.url) for c in i.content],
+            f"inputs[{n}].content",
+            "inputs",
+        )
+        for n, i in enumerate(body.inputs)
+    ]
+    return pieces, "inputs"
+
+
+async def _embed_v2_pieces(ctx: Context, body: EmbedV2Request) -> Response:
+    """Images (and `inputs`' texts) on an image-text model: an image's vector has no role, its
+    tower no prompts, so `input_type` (`image`, or a text role) shapes only the texts."""
+    pieces, param = _pieces(body)
+    model = model_for(ctx, body.model, pieces)
+    pipe = model.embed
+    assert pipe is not None
+    role = None if body.input_type == "image" else body.input_type
+    how = _tokenizing(pipe, role, body.truncate, body.max_tokens)
+    out = await pieces_embed(ctx.call, model, pieces, how, body.output_dimension, param)
+    meta = _meta("2", out.text_tokens)
+    if out.images:
+        meta["billed_units"] = {"input_tokens": out.text_tokens, "images": out.images}
+    payload = {
+        "id": str(uuid.uuid4()),
+        "response_type": "embeddings_by_type",
+        "embeddings": {kind: quantize.encode(out.vectors, kind) for kind in body.embedding_types},
+        "texts": [p for p in pieces if isinstance(p, str)],
+        "meta": meta,
     }
     return ctx.respond(payload, out.timings)

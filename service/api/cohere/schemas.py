@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt
+from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 
 from service.api.fields import Compat, CompatDimensions, ModelName, Text
 
@@ -62,6 +62,7 @@ class ApiVersion(BaseModel):
 class BilledUnits(BaseModel):
     search_units: int | None = None
     input_tokens: int | None = None
+    images: int | None = None
 
 
 class Tokens(BaseModel):
@@ -109,14 +110,58 @@ class EmbedV1Request(Compat):
     truncate: Truncate = "END"
 
 
+class ImageUrl(Compat):
+    url: Text
+
+
+class TextContent(Compat):
+    type: Literal["text"]
+    text: Text
+
+
+class ImageUrlContent(Compat):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class EmbedInput(Compat):
+    """One of Cohere's `inputs`: its content, text and image pieces. headwise takes one piece
+    per input (an image-text model embeds a text or an image, not both as one vector)."""
+
+    content: Annotated[
+        list[Annotated[TextContent | ImageUrlContent, Field(discriminator="type")]],
+        Field(min_length=1),
+    ]
+
+
 class EmbedV2Request(Compat):
-    texts: Annotated[list[Text], Field(min_length=1)]
+    """Cohere's v2 embed: `texts`, `images` (data URIs) or `inputs`, one of them."""
+
+    texts: Annotated[list[Text], Field(min_length=1)] | None = None
+    images: Annotated[list[Text], Field(min_length=1)] | None = Field(
+        None, description="image data URIs (an image-text model's, CLIP or SigLIP): one vector each"
+    )
+    inputs: Annotated[list[EmbedInput], Field(min_length=1)] | None = Field(
+        None,
+        description="each input's content, one piece: {type: text, text} or {type: image_url, "
+        "image_url: {url}}; one vector each",
+    )
     model: Text  # required by Cohere's v2 API; any name works with one embedder served
     input_type: InputType
     embedding_types: Annotated[list[EmbeddingType], Field(min_length=1)] = ["float"]
     truncate: Truncate = "END"
     output_dimension: CompatDimensions = None
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> EmbedV2Request:
+        given = [k for k in ("texts", "images", "inputs") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "send one of texts, images or inputs"
+                + (f", not {' and '.join(given)} together" if given else "")
+            )
+        return self
 
 
 class EmbeddingsByType(BaseModel):
@@ -140,5 +185,5 @@ class EmbedByTypeResponse(BaseModel):
     response_type: Literal["embeddings_by_type"]
     id: str
     embeddings: EmbeddingsByType
-    texts: list[str]
+    texts: list[str]  # the texts embedded ([] for images)
     meta: Meta | None = None

@@ -11,12 +11,14 @@ from starlette.responses import Response
 
 from service.api.context import Context
 from service.api.infinity.schemas import EmbeddingsRequest, RerankRequest
+from service.api.pieces import Image
+from service.api.pieces import embed as embed_pieces
 from service.pipelines.base import as_list
 from service.pipelines.score import ranked
 from service.registry import Model
 
 # Infinity's capability names for ours.
-CAPABILITIES = {"embed": "embed", "rerank": "rerank", "classify": "classify"}
+CAPABILITIES = {"embed": "embed", "rerank": "rerank", "classify": "classify", "images": "image_embed"}
 
 
 def _usage(tokens: list[int]) -> dict[str, int]:
@@ -28,11 +30,20 @@ def _stamp() -> dict[str, object]:
 
 
 async def embeddings(ctx: Context, body: EmbeddingsRequest) -> Response:
-    model = ctx.model(body.model, "embed")
-    pipe = model.embed
-    assert pipe is not None
-    texts = pipe.validate(as_list(body.input, "input"), "input", body.dimensions)
-    out = await pipe.embed(ctx.call, texts, normalize=True, dimensions=body.dimensions)
+    """Texts, or with `modality: "image"` images (URLs or data URIs), one vector each."""
+    items = as_list(body.input, "input")
+    if body.modality == "image":
+        model = ctx.model(body.model, "images")
+        images = [Image(ref) for ref in items]
+        out = await embed_pieces(ctx.call, model, images, None, body.dimensions, "input")
+        vectors, tokens, timings = out.vectors, out.tokens, out.timings
+    else:
+        model = ctx.model(body.model, "embed")
+        pipe = model.embed
+        assert pipe is not None
+        texts = pipe.validate(items, "input", body.dimensions)
+        done = await pipe.embed(ctx.call, texts, normalize=True, dimensions=body.dimensions)
+        vectors, tokens, timings = done.vectors, done.tokens, done.timings
 
     def encode(v: np.ndarray) -> np.ndarray | str:
         if body.encoding_format == "base64":
@@ -41,12 +52,12 @@ async def embeddings(ctx: Context, body: EmbeddingsRequest) -> Response:
 
     payload = {
         "object": "list",
-        "data": [{"object": "embedding", "embedding": encode(v), "index": i} for i, v in enumerate(out.vectors)],
+        "data": [{"object": "embedding", "embedding": encode(v), "index": i} for i, v in enumerate(vectors)],
         "model": model.name,
-        "usage": _usage(out.tokens),
+        "usage": _usage(tokens),
         **_stamp(),
     }
-    return ctx.respond(payload, out.timings)
+    return ctx.respond(payload, timings)
 
 
 async def rerank(ctx: Context, body: RerankRequest) -> Response:

@@ -21,12 +21,15 @@ ModelOrUnset = Annotated[Text | None, BeforeValidator(_unset)]
 
 
 class EmbeddingsRequest(Compat):
-    input: Texts
+    input: Texts = Field(
+        description="text(s); with modality image, image URLs or data URIs (an image-text "
+        "model's, CLIP or SigLIP)"
+    )
     model: ModelOrUnset = None
     encoding_format: Literal["float", "base64"] = "float"
     user: Text | None = None
     dimensions: CompatDimensions = None
-    modality: Literal["text"] = "text"
+    modality: Literal["text", "image"] = "text"
 
 
 class Embedding(BaseModel):

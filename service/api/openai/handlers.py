@@ -10,9 +10,17 @@ import numpy as np
 from starlette.responses import Response
 
 from service.api.context import Context
-from service.api.openai.schemas import EmbeddingsRequest
+from service.api.openai.schemas import (
+    ChatEmbeddingsRequest,
+    ChatMessage,
+    EmbeddingsRequest,
+    ImagePart,
+    TextPart,
+)
 from service.api.openai.tokens import texts_from_token_ids
-from service.errors import ModelNotFound
+from service.api.pieces import Image, Piece, model_for
+from service.api.pieces import embed as embed_pieces
+from service.errors import InvalidInput, ModelNotFound
 from service.pipelines.embed import Tokenizing
 from service.registry import Model
 
@@ -48,6 +56,45 @@ async def embeddings(ctx: Context, body: EmbeddingsRequest) -> Response:
     payload = {
         "object": "list",
         "data": data,
+        "model": body.model or model.name,
+        "usage": {"prompt_tokens": total, "total_tokens": total},
+    }
+    return ctx.respond(payload, out.timings)
+
+
+def _text(message: ChatMessage) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    return "\n".join(p.text for p in message.content if isinstance(p, TextPart))
+
+
+def _prompt(messages: list[ChatMessage]) -> Piece:
+    """The one piece the messages make: their text, or their one image (see the request)."""
+    texts = [_text(m) for m in messages]
+    parts = [p for m in messages if not isinstance(m.content, str) for p in m.content]
+    images = [p.image_url.url for p in parts if isinstance(p, ImagePart)]
+    if not images:
+        return "".join(texts)
+    if len(images) > 1 or any(texts):
+        raise InvalidInput(
+            f"messages hold {len(images)} image(s){' and text' if any(texts) else ''}: an "
+            "image-text model (CLIP, SigLIP) embeds text only or one image only, as vLLM serves "
+            "it; send one image, or text, per request",
+            param="messages",
+        )
+    return Image(images[0])
+
+
+async def chat_embeddings(ctx: Context, body: ChatEmbeddingsRequest) -> Response:
+    """vLLM's `messages` form: one vector, of the text or of the image."""
+    pieces = [_prompt(body.messages)]
+    model = model_for(ctx, body.model, pieces)
+    out = await embed_pieces(ctx.call, model, pieces, None, body.dimensions, "messages")
+    encode = b64 if body.encoding_format == "base64" else (lambda v: v)
+    total = sum(out.tokens)
+    payload = {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": encode(out.vectors[0])}],
         "model": body.model or model.name,
         "usage": {"prompt_tokens": total, "total_tokens": total},
     }

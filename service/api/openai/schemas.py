@@ -51,6 +51,45 @@ class EmbeddingsRequest(Compat):
         return None
 
 
+# The field by which a /v1/embeddings body is vLLM's chat form rather than OpenAI's `input`.
+CHAT_KEY = "messages"
+
+
+class ImageUrl(Compat):
+    url: Text
+
+
+class TextPart(Compat):
+    type: Literal["text"]
+    text: Text
+
+
+class ImagePart(Compat):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class ChatMessage(Compat):
+    role: Text
+    content: Text | list[Part]
+
+
+class ChatEmbeddingsRequest(Compat):
+    """vLLM's chat embeddings: `messages` (chat's schema) in place of `input`, one prompt, one
+    vector. As vLLM serves CLIP and SigLIP, the prompt is text only, or one image only; its text
+    is what vLLM's basic chat template renders: each message's text parts joined with newlines,
+    the messages one after another (roles are not read)."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    model: ModelName = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: CompatDimensions = None
+    user: Text | None = None
+
+
 class Embedding(BaseModel):
     object: Literal["embedding"]
     index: int

@@ -1,6 +1,7 @@
 """Voyage AI's API, as its SDK calls it: rerank on `/v1/rerank` (beside Cohere's v1, told apart
-by the body) and embed on `/v1/embeddings` (beside OpenAI's). Its SDK reads an error's
-`detail`, a string."""
+by the body), embed on `/v1/embeddings` (beside OpenAI's), and multimodal embed on an image-text
+model (`multimodal_embed`, one text or one image an input). Its SDK reads an error's `detail`,
+a string."""
 
 from pydantic import BaseModel
 

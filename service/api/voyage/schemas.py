@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt
+from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 
 from service.api.fields import Compat, CompatDimensions, ModelName, Text, Texts
 
@@ -83,3 +83,72 @@ class EmbeddingsResponse(BaseModel):
     data: list[Embedding]
     model: str
     usage: Usage
+
+
+# --- Multimodal embed (/v1/multimodalembeddings) -----------------------------------------
+
+
+class TextPiece(Compat):
+    type: Literal["text"]
+    text: Text
+
+
+class ImageUrlPiece(Compat):
+    type: Literal["image_url"]
+    image_url: Text
+
+
+class ImageBase64Piece(Compat):
+    type: Literal["image_base64"]
+    image_base64: Text = Field(description="a data URI: data:image/png;base64,...")
+
+
+Piece = Annotated[TextPiece | ImageUrlPiece | ImageBase64Piece, Field(discriminator="type")]
+
+
+class MultimodalInput(Compat):
+    content: Annotated[list[Piece], Field(min_length=1)]
+
+
+class MultimodalRequest(Compat):
+    """Voyage's multimodal embed. Voyage reads an input's pieces (interleaved text and images)
+    as one sequence, one vector; an image-text model (CLIP, SigLIP) embeds a text or an image
+    on its own tower, so headwise takes one piece per input (several: a 422 saying so).
+    `input_type` picks the model's query/document prompt for texts; images have no prompt."""
+
+    inputs: Annotated[list[MultimodalInput], Field(min_length=1)]
+    model: ModelName = None
+    input_type: Literal["query", "document"] | None = None
+    truncation: StrictBool = True
+    output_encoding: Literal["base64"] | None = None
+    encoding_format: Literal["base64"] | None = Field(
+        None, description="what voyageai's SDK sends for output_encoding"
+    )
+    output_dtype: OutputDtype = "float"
+    output_dimension: CompatDimensions = None
+
+    @model_validator(mode="after")
+    def _one_image_form(self) -> MultimodalRequest:
+        """Voyage's rule: a request's images are all URLs or all base64, not both."""
+        kinds = {type(p) for i in self.inputs for p in i.content} - {TextPiece}
+        if len(kinds) > 1:
+            raise ValueError("send images as image_url or as image_base64, not both in one request")
+        return self
+
+    @property
+    def base64(self) -> bool:
+        return (self.output_encoding or self.encoding_format) == "base64"
+
+
+class MultimodalUsage(BaseModel):
+    text_tokens: int
+    image_pixels: int
+    video_pixels: int
+    total_tokens: int
+
+
+class MultimodalResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: MultimodalUsage

@@ -32,7 +32,7 @@ BAD_REQUESTS = [
         415,
         "Content-Type",
     ),
-    ("/encode", b"{}", JSON, 422, "inputs: field required"),
+    ("/encode", b"{}", JSON, 422, "give inputs (texts), images, or both"),
     ("/encode", b'{"inputs": null}', JSON, 422, "inputs"),
     ("/encode", b'{"inputs": []}', JSON, 422, "must not be an empty list"),
     ("/encode", b'{"inputs": 42}', JSON, 422, "string or a list of strings"),

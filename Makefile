@@ -99,6 +99,7 @@ bench: $(BENCH_STAMP) $(BENCH_BUNDLE)/manifest.json
 	$(BIN)/python -m bench.tracing --bundle $(BENCH_BUNDLE)
 	$(BIN)/python -m bench.transports --bundle $(BENCH_BUNDLE)
 	$(BIN)/python -m bench.pruning --bundle $(BENCH_BUNDLE)
+	$(BIN)/python -m bench.images
 
 # On a machine with an NVIDIA GPU (a driver; CUDA and cuDNN come as wheels): a fresh venv with
 # onnxruntime-gpu (the export venv with CPU torch builds the bundle with --fp16), parity on CUDA, the graph and HTTP measured, GPU memory

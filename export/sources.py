@@ -141,7 +141,8 @@ def fetch(repo_id: str, revision: str | None) -> Path:
     cached = " in the cache (HF_HUB_OFFLINE is set)" if offline else ""
     if not (folder / "config.json").exists():
         raise SourceError(f"{where} has no config.json")
-    if not (folder / "tokenizer.json").exists():
+    # SigLIP ships spiece.model alone: export converts it (export/spiece.py), checked.
+    if not (folder / "tokenizer.json").exists() and not (folder / "spiece.model").exists():
         raise SourceError(
             f"{where} has no tokenizer.json{cached}: headwise serves the `tokenizers` JSON file; "
             "for a repository with only a SentencePiece model (spm.model, tokenizer.model) save "

@@ -111,10 +111,24 @@ def m3_bundle(family_tokenizers, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return tmp / "bundle"
 
 
+@pytest.fixture(scope="session")
+def clip_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight CLIPModel (tests/models/image_checkpoints.py) exported by the CLI: the
+    image-text model the manual's examples and the dialects' image tests share."""
+    from export.cli import main
+    from tests.models.image_checkpoints import save_clip
+
+    tmp = tmp_path_factory.mktemp("clip")
+    save_clip(tmp / "clip")
+    assert main(["--model", str(tmp / "clip"), "--out", str(tmp / "bundle")]) == 0
+    return tmp / "bundle"
+
+
 # Fixtures that export a bundle with torch (seconds each): a test using any of them is marked
 # `bundle`, and `make test-fast` leaves it out.
 BUNDLE_FIXTURES = {
-    "tiny_model", "tiny_bundle", "default_loaded", "default_bundle", "ranker_bundle", "m3_bundle"
+    "tiny_model", "tiny_bundle", "default_loaded", "default_bundle", "ranker_bundle", "m3_bundle",
+    "clip_bundle",
 }
 
 

@@ -52,12 +52,12 @@ class BatchObserver(Protocol):
     def predicted(self, predicted_s: float, actual_s: float) -> None: ...
 
 
-def _lower_priority(nice: int) -> None:
+def lower_priority(nice: int) -> None:
     """This thread's CPU priority (Linux: a thread is a schedulable entity of its own)."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     except (OSError, AttributeError):
-        log.warning("could not lower the long lane's CPU priority")
+        log.warning("could not lower a thread's CPU priority to nice %d", nice)
 
 
 class DynamicBatcher:
@@ -85,7 +85,7 @@ class DynamicBatcher:
         self._executor = ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix=f"infer-{name}",
-            initializer=functools.partial(_lower_priority, nice) if nice else None,
+            initializer=functools.partial(lower_priority, nice) if nice else None,
         )
         self._task: asyncio.Task[None] | None = None
         self._closing = False

@@ -3,7 +3,7 @@
 Each image reference (a data URI, base64, or a URL of a host the operator allows) becomes bytes,
 an upright RGB picture within the size limits, then the pixels its checkpoint's processor would
 make (service/images); at most `image_decode_threads` images decode at once, off the event
-loop. Pixels go through the one intake like text: admitted by their measured cost (an image
+loop and below inference's CPU priority. Pixels go through the one intake like text: admitted by their measured cost (an image
 counts as the tokens its tower runs: the patches and the class token), batched with other
 requests' images, answered by the deadline. Vectors are post-processed as text vectors are.
 
@@ -15,10 +15,13 @@ the model was trained (softmax over the labels for CLIP, each label's sigmoid fo
 from __future__ import annotations
 
 import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.engine.batcher import lower_priority
 from service.engine.runtime import Backend
 from service.errors import InvalidInput
 from service.images import FetchPolicy, ImageError, ImageLimits, decode, preprocess, read_image_ref
@@ -28,6 +31,8 @@ from service.pipelines.call import Call, Timings
 from service.pipelines.embed import EmbedPipeline, Encoded
 from service.settings import Settings
 from service.tensors import l2_normalize
+
+DECODE_NICE = 10  # decoding's CPU priority: below inference's (0), above the long lane's (19)
 
 
 @dataclass
@@ -53,7 +58,14 @@ class ImagePipeline:
             settings.image_fetch_timeout_s,
         )
         self.limits = ImageLimits(settings.image_max_bytes, settings.image_max_pixels)
-        self._decoding = asyncio.Semaphore(settings.image_decode_threads)
+        # Decoding runs below inference's priority: on a machine whose cores the graph already
+        # uses, a decode beside a running batch would make the batch's threads wait for it
+        # (ONNX Runtime's threads meet at every op); at nice 10 it takes the time they leave.
+        self._decoder = ThreadPoolExecutor(
+            settings.image_decode_threads,
+            thread_name_prefix=f"decode-{backend.manifest.name}",
+            initializer=functools.partial(lower_priority, DECODE_NICE),
+        )
 
     @property
     def tokens(self) -> int:
@@ -83,12 +95,10 @@ class ImagePipeline:
 
     async def pixels(self, refs: list[str]) -> list[np.ndarray]:
         """Every image prepared, a few at a time off the event loop."""
-
-        async def one(i: int, ref: str) -> np.ndarray:
-            async with self._decoding:
-                return await asyncio.to_thread(self._pixels, ref, i)
-
-        tasks = [asyncio.ensure_future(one(i, ref)) for i, ref in enumerate(refs)]
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.run_in_executor(self._decoder, self._pixels, ref, i) for i, ref in enumerate(refs)
+        ]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:

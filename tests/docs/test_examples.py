@@ -1,7 +1,8 @@
 """Every example of the README and the manual runs (`make docs-test`; `make test` runs it too).
 
 Each fenced `python`, `sh` or `bash` block is executed against a real `headwise serve` process
-with the default embedder (all-MiniLM-L6-v2), a reranker and a classifier (random weights),
+with the default embedder (all-MiniLM-L6-v2), a reranker, a classifier and a CLIP model named
+`clip` (random weights),
 gRPC on: `127.0.0.1:8000` (or `localhost:8000`) in a block is that server's HTTP address and
 `127.0.0.1:8001` its gRPC one. Python blocks run in a fresh interpreter of this venv (their
 asserts are the answers they expect); shell blocks under `bash -euo pipefail`, with `curl`
@@ -89,9 +90,9 @@ def test_the_manual_has_examples_and_every_marker_is_understood():
 
 
 @pytest.fixture(scope="module")
-def server(default_bundle, ranker_bundle, classifier, tmp_path_factory):  # noqa: F811
+def server(default_bundle, ranker_bundle, classifier, clip_bundle, tmp_path_factory):  # noqa: F811
     grpc_port = free_port()
-    specs = [str(default_bundle), f"ranker={ranker_bundle}", f"nli={classifier}"]
+    specs = [str(default_bundle), f"ranker={ranker_bundle}", f"nli={classifier}", f"clip={clip_bundle}"]
     env = {"HEADWISE_GRPC_PORT": str(grpc_port)}
     with serve(specs, tmp_path_factory.mktemp("docs"), env=env, ready_s=120) as live:
         yield live, grpc_port

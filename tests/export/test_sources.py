@@ -227,3 +227,23 @@ def test_a_sharded_checkpoint_resolves_with_the_shards_its_index_lists(offline_h
     )
     with pytest.raises(SourceError, match=f"lists shards .*{shards[1]}"):
         resolve("org/half")
+
+
+def test_an_image_text_model_exports_from_its_hub_id_through_an_offline_cache(
+    offline_hub, tmp_path
+):
+    """A SigLIP snapshot as the Hub serves it (config, weights, preprocessor_config.json and
+    spiece.model, no tokenizer.json): fetched from the cache and exported with both towers."""
+    from export.cli import main as export_cli
+    from service.manifest import Manifest
+    from tests.models.image_checkpoints import save_siglip
+
+    save_siglip(tmp_path / "siglip")
+    files = ("config.json", "model.safetensors", "preprocessor_config.json", "spiece.model")
+    populate_hub_cache(offline_hub, "google/tiny-siglip", tmp_path / "siglip", files=files)
+    out = tmp_path / "bundle"
+    assert export_cli(["--model", "google/tiny-siglip", "--out", str(out)]) == 0
+    manifest = Manifest.model_validate_json((out / "manifest.json").read_text())
+    assert manifest.source.model_dump() == {"kind": "hub", "id": "google/tiny-siglip", "revision": COMMIT}
+    assert manifest.vision is not None and manifest.vision.preprocessing.resize_height == 32
+    assert manifest.text_padding == "max_length"

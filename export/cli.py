@@ -151,7 +151,15 @@ def run(args: argparse.Namespace) -> int:
             manifest = build_image_text(
                 load_image_text(resolved.folder, resolved.name),
                 args.out,
-                ExportOptions(fp16=args.fp16, int8=args.int8, allow_unfused=args.allow_unfused),
+                ExportOptions(
+                    fp16=args.fp16,
+                    int8=args.int8,
+                    int8_pairs=args.int8_pairs,
+                    int8_max_drop=args.int8_max_drop,
+                    int8_min_spearman=args.int8_min_spearman,
+                    int8_min_cosine=args.int8_min_cosine,
+                    allow_unfused=args.allow_unfused,
+                ),
                 resolved.source,
                 args.zero_shot_template,
             )

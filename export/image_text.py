@@ -14,12 +14,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+from tokenizers import Tokenizer
+
 from export import verify
 from export.bundle import ExportOptions, build_bundle
 from export.spiece import write_siglip_tokenizer
-from export.vision import VisionExport, build_vision, zero_shot
+from export.vision import Captions, VisionExport, build_vision, zero_shot
 from models.image_text import LoadedImageText
 from models.weights import LoadedModel
+from service.engine.runtime import pad_to_length
 from service.images.preprocessing import ImagePreprocessing
 from service.manifest import Manifest, Source
 
@@ -45,11 +49,6 @@ def build_image_text(
     template: str | None = None,
 ) -> Manifest:
     options = options or ExportOptions()
-    if options.int8:
-        raise ValueError(
-            "--int8 is gated on retrieval, and no image-text retrieval set ships with headwise "
-            "yet: an image-text model exports fp32 (and --fp16)"
-        )
     if options.pruning is not None:
         raise ValueError("pruning supports BERT-generation text embedders, not image-text models")
     preprocessing = ImagePreprocessing.from_config(loaded.preprocessor)
@@ -58,17 +57,47 @@ def build_image_text(
         "max_length" if loaded.config.kind == "siglip" else "longest"
     )
 
-    def vision(tmp: Path) -> dict[str, Any]:
-        settings = VisionExport(fp16=options.fp16, allow_unfused=options.allow_unfused)
-        return {
-            "vision": build_vision(model, preprocessing, tmp, settings),
-            "zero_shot": zero_shot(model, template),
-        }
-
     text_options = replace(options, text_padding=padding, release_weights=False)
+    settings = VisionExport(
+        fp16=options.fp16,
+        allow_unfused=options.allow_unfused,
+        int8=options.int8,
+        int8_images=min(options.int8_pairs, VisionExport.int8_images),
+        int8_max_drop=options.int8_max_drop,
+        int8_min_spearman=options.int8_min_spearman,
+    )
+
     with tempfile.TemporaryDirectory(prefix="headwise-spiece-") as converted:
         tokenizer = loaded.tokenizer_path or write_siglip_tokenizer(
             loaded.source, Path(converted), verify.PROBE_TEXTS
         )
         text = text_tower(loaded, tokenizer)
+
+        def vision(tmp: Path) -> dict[str, Any]:
+            captions = caption_vectors(text, padding)
+            return {
+                "vision": build_vision(model, preprocessing, tmp, settings, captions),
+                "zero_shot": zero_shot(model, template),
+            }
+
         return build_bundle(text, out, text_options, source, towers=vision)
+
+
+def caption_vectors(text: LoadedModel, padding: str) -> Captions:
+    """The fp32 text tower's vectors of texts tokenised and padded as the service does: the
+    vision tower's int8 gate retrieves its captions with them."""
+    tok = Tokenizer.from_file(str(text.tokenizer_path))
+    tok.no_padding()
+    tok.enable_truncation(max_length=text.max_length)
+    pad = text.config.pad_token_id
+    if padding == "max_length":
+        pad_to_length(tok, text.max_length, pad)
+
+    def run(texts: list[str]) -> np.ndarray:
+        parts = []
+        for start in range(0, len(texts), 64):
+            feeds = verify.encode(tok, texts[start : start + 64], ["input_ids", "attention_mask"], pad)
+            parts.append(verify.torch_outputs(text.model, feeds["input_ids"], feeds["attention_mask"]))
+        return np.concatenate(parts)
+
+    return run

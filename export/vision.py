@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,13 +22,15 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from export import external, fused, optimize, verify
+from export import external, fused, optimize, shapes, verify
 from export.entries import graph_entry
 from export.onnx import HEAD_GATES, default_gates, trace
 from models.image_text import ImageTextModel
 from models.vision import VisionConfig, VisionEncoder
+from service.bundle import sha256_file
+from service.engine import quality
 from service.images.preprocessing import ImagePreprocessing, preprocess
-from service.manifest import GraphEntry, GraphKey, Parity, VisionTower, ZeroShot
+from service.manifest import GraphEntry, GraphKey, Parity, RetrievalQuality, VisionTower, ZeroShot
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ POOL_ATTENTIONS = "pool_attentions"
 SERVING = "encoder.vision.onnx"
 ATTENTION = "attention.vision.onnx"
 FP16 = "encoder.vision.fp16.onnx"
+INT8 = "encoder.vision.int8.onnx"
 
 
 class VisionServing(nn.Module):
@@ -108,10 +112,83 @@ def _require(got: np.ndarray, want: np.ndarray, graph: str, min_cosine: float) -
 class VisionExport:
     fp16: bool = False
     allow_unfused: bool = False
+    # int8, gated as the text's: image -> caption retrieval of the int8 tower within
+    # `int8_max_drop` points of recall@10 and MRR of the fp32 tower's, on `int8_images` captioned
+    # pictures (export/shapes.py), the captions embedded once by the fp32 text tower.
+    int8: bool = False
+    int8_images: int = 400
+    int8_max_drop: float = quality.MAX_DROP_POINTS
+    int8_min_spearman: float = quality.MIN_SPEARMAN
+
+
+Captions = Callable[[list[str]], np.ndarray]  # texts -> the fp32 text tower's vectors
+
+
+def _images(path: Path, pixels: np.ndarray, rows: int = 32) -> np.ndarray:
+    """A vision graph's image vectors, `rows` pictures a run."""
+    session = verify.checking_session(path)
+    parts = [session.run(None, {PIXELS: pixels[i : i + rows]})[0] for i in range(0, len(pixels), rows)]
+    return np.concatenate(parts)
+
+
+def vision_int8(
+    serving: Path,
+    out: Path,
+    preprocessing: ImagePreprocessing,
+    captions: Captions,
+    probes: np.ndarray,
+    want: np.ndarray,
+    options: VisionExport,
+) -> GraphEntry:
+    """The fastest int8 vision graph whose image -> caption retrieval keeps the fp32 graph's
+    (optimize.to_int8's search), with what the gate measured."""
+    shown = shapes.captioned(options.int8_images)
+    gated = bool(shown)  # 0 images: held to the probes' cosine alone
+    pixels = np.stack([preprocess(c.image, preprocessing) for c in shown]) if gated else probes
+    texts = captions([c.caption for c in shown]) if gated else want
+    fp32 = (_images(serving, pixels.astype(np.float32)), texts)
+    measured: dict[str, RetrievalQuality] = {}
+
+    def measure(candidate: Path) -> RetrievalQuality:
+        key = sha256_file(candidate)
+        if key not in measured:
+            got = _images(candidate, pixels.astype(np.float32))
+            q = quality.measure(fp32, (got, texts), shapes.CORPUS)
+            measured[key] = q.model_copy(
+                update={
+                    "max_drop_allowed": options.int8_max_drop,
+                    "min_spearman_allowed": options.int8_min_spearman,
+                }
+            )
+        return measured[key]
+
+    def passes(candidate: Path) -> bool:
+        if verify.compare("pytorch", _images(candidate, probes), want).min_cosine < verify.INT8_MIN_COSINE:
+            return False
+        if not gated:
+            return True
+        q = measure(candidate)
+        ok = quality.within(q, options.int8_max_drop, options.int8_min_spearman)
+        log.info("vision int8 gate %s: %s", "passed" if ok else "failed", quality.summary(q))
+        return ok
+
+    def damage(candidate: Path) -> float:
+        return 1.0 - verify.compare("pytorch", _images(candidate, probes), want).min_cosine
+
+    q8 = optimize.to_int8(serving, out, passes, damage)
+    parity = _require(_images(out, probes), want, out.name, verify.INT8_MIN_COSINE)
+    return graph_entry(
+        out, "int8", q8.op_counts, parity,
+        kept_fp32=q8.kept_fp32, quantised=q8.quantised, quality=measure(out) if gated else None,
+    )  # fmt: skip
 
 
 def build_vision(
-    model: ImageTextModel, preprocessing: ImagePreprocessing, tmp: Path, options: VisionExport
+    model: ImageTextModel,
+    preprocessing: ImagePreprocessing,
+    tmp: Path,
+    options: VisionExport,
+    captions: Captions | None = None,
 ) -> VisionTower:
     """The vision tower's graphs written into the bundle folder `tmp`, checked; its manifest."""
     vision, v = model.vision, model.config.vision
@@ -185,6 +262,13 @@ def build_vision(
         parity = _require(got, want, FP16, verify.FP16_MIN_COSINE)
         graphs["encoder_fp16"] = graph_entry(
             path, "fp16", counts, parity, fused=report.fused, unfused_reason=report.unfused_reason
+        )
+    if options.int8:
+        if captions is None:
+            raise ValueError("the vision tower's int8 gate needs the text tower's captions")
+        entry = vision_int8(serving, tmp / INT8, preprocessing, captions, pixels, want, options)
+        graphs["encoder_int8"] = entry.model_copy(
+            update={"fused": report.fused, "unfused_reason": report.unfused_reason}
         )
     return _tower(v, model.config.kind, graphs, preprocessing, len(pixels))
 

@@ -88,10 +88,24 @@ def test_tokenizer_is_the_checkpoints(exported) -> None:
         assert tok.encode(text).ids == slow(text, truncation=True, max_length=16).input_ids
 
 
-def test_int8_is_refused_with_the_reason(tmp_path: Path) -> None:
-    save_clip(tmp_path / "model")
-    with pytest.raises(ValueError, match="no image-text retrieval set"):
-        build_image_text(load_image_text(tmp_path / "model"), tmp_path / "b", ExportOptions(int8=True))
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_int8_towers_are_gated_on_retrieval(tmp_path: Path, kind: str) -> None:
+    """--int8 quantises both towers: the text's gated as every text model's (retrieval of
+    docstring pairs), the vision tower's on image -> caption retrieval of captioned shapes, the
+    captions embedded by the fp32 text tower; the manifest says what each gate measured."""
+    KINDS[kind](tmp_path / "model")
+    # A random model cannot show retrieval quality: a few pairs exercise the gates, fast.
+    options = ExportOptions(int8=True, int8_pairs=24)
+    m = build_image_text(load_image_text(tmp_path / "model"), tmp_path / "b", options)
+    assert m.graphs["encoder_int8"].quality is not None
+    v = m.vision
+    assert v is not None and "encoder_int8" in v.graphs
+    q = v.graphs["encoder_int8"].quality
+    assert q is not None and q.pairs == 24 and "captioned shapes" in q.corpus
+    assert q.max_drop <= q.max_drop_allowed
+    assert v.graphs["encoder_int8"].parity.min_cosine >= 0.9
+    assert (v.graphs["encoder_int8"].quantised or 0) + len(v.graphs["encoder_int8"].kept_fp32) > 0
+    assert (tmp_path / "b" / "encoder.vision.int8.onnx").exists()
 
 
 def test_a_preprocessor_of_another_size_is_refused(tmp_path: Path) -> None:
@@ -104,3 +118,23 @@ def test_a_preprocessor_of_another_size_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(cfg))
     assert main(["--model", str(tmp_path / "model"), "--out", str(tmp_path / "b")]) == 1
     assert not (tmp_path / "b").exists()
+
+
+def test_the_int8_towers_serve_with_precision_int8(tmp_path: Path) -> None:
+    from tests.service.api.test_images import PICTURES, data_uri, encoded
+    from tests.service.conftest import client_for
+
+    save_clip(tmp_path / "model")
+    options = ExportOptions(int8=True, int8_pairs=24)
+    build_image_text(load_image_text(tmp_path / "model"), tmp_path / "b", options)
+    image = data_uri(encoded(PICTURES[0]))
+    vectors = {}
+    for precision in ("fp32", "int8"):
+        with client_for(tmp_path / "b", precision=precision) as c:
+            info = c.get("/info").json()["models"][0]
+            assert info["precision"] == precision and info["vision"]["precision"] == precision
+            r = c.post("/encode", json={"inputs": ["w5 w7"], "images": [image], "normalize": True})
+            assert r.status_code == 200, r.text
+            vectors[precision] = np.asarray(r.json()["embeddings"])
+    cos = (vectors["fp32"] * vectors["int8"]).sum(1)
+    assert cos.min() > 0.9 and not np.allclose(vectors["fp32"], vectors["int8"])

@@ -1,10 +1,10 @@
 """Every example of the README and the manual runs (`make docs-test`; `make test` runs it too).
 
 Each fenced `python`, `sh` or `bash` block is executed against a real `headwise serve` process
-with the default embedder (all-MiniLM-L6-v2), a reranker, a classifier and a CLIP model named
-`clip` (random weights),
+with the default embedder (all-MiniLM-L6-v2), a reranker and a classifier (random weights),
 gRPC on: `127.0.0.1:8000` (or `localhost:8000`) in a block is that server's HTTP address and
-`127.0.0.1:8001` its gRPC one. Python blocks run in a fresh interpreter of this venv (their
+`127.0.0.1:8001` its gRPC one; `127.0.0.1:8002` is a second server with a CLIP model named `clip`
+(random weights: the image examples'). Python blocks run in a fresh interpreter of this venv (their
 asserts are the answers they expect); shell blocks under `bash -euo pipefail`, with `curl`
 failing on any HTTP error (a wrong field is a 422: the example breaks), unless the block is marked
 as one that shows an error. A block that cannot run here says why, in a comment on the line
@@ -92,10 +92,14 @@ def test_the_manual_has_examples_and_every_marker_is_understood():
 @pytest.fixture(scope="module")
 def server(default_bundle, ranker_bundle, classifier, clip_bundle, tmp_path_factory):  # noqa: F811
     grpc_port = free_port()
-    specs = [str(default_bundle), f"ranker={ranker_bundle}", f"nli={classifier}", f"clip={clip_bundle}"]
+    specs = [str(default_bundle), f"ranker={ranker_bundle}", f"nli={classifier}"]
     env = {"HEADWISE_GRPC_PORT": str(grpc_port)}
-    with serve(specs, tmp_path_factory.mktemp("docs"), env=env, ready_s=120) as live:
-        yield live, grpc_port
+    tmp = tmp_path_factory.mktemp("docs")
+    with (
+        serve(specs, tmp, env=env, ready_s=120) as live,
+        serve([f"clip={clip_bundle}"], tmp, ready_s=120) as images,
+    ):
+        yield live, grpc_port, images
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +118,13 @@ def offline(tmp_path_factory) -> dict[str, str]:
 
 
 def run(example: Example, server, offline, tmp_path) -> subprocess.CompletedProcess:
-    live, grpc_port = server
+    live, grpc_port, images = server
     address = live.url.removeprefix("http://")
     code = (
         example.code.replace("127.0.0.1:8000", address)
         .replace("localhost:8000", address)
         .replace("127.0.0.1:8001", f"127.0.0.1:{grpc_port}")
+        .replace("127.0.0.1:8002", images.url.removeprefix("http://"))
     )
     env = {**os.environ, **offline, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     if example.lang == "python":

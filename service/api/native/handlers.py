@@ -125,7 +125,7 @@ def _plan(model: Model, body: EncodeRequest) -> EncodePlan:
     return plan(
         embed,
         model.outputs,
-        body.inputs or [],
+        body.inputs if body.inputs is not None else [],
         how,
         body.normalize,
         body.dimensions,

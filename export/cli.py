@@ -147,19 +147,20 @@ def run(args: argparse.Namespace) -> int:
         template = templates.read_template(args.rerank_template) if args.rerank_template else None
         judge = template or templates.QWEN3_RERANKER
         pruning_asked = bool(args.prune_heads or args.prune_ffn)
+        options = ExportOptions(
+            fp16=args.fp16,
+            int8=args.int8,
+            int8_pairs=args.int8_pairs,
+            int8_max_drop=args.int8_max_drop,
+            int8_min_spearman=args.int8_min_spearman,
+            int8_min_cosine=args.int8_min_cosine,
+            allow_unfused=args.allow_unfused,
+        )
         if is_image_text(resolved.folder):
             manifest = build_image_text(
                 load_image_text(resolved.folder, resolved.name),
                 args.out,
-                ExportOptions(
-                    fp16=args.fp16,
-                    int8=args.int8,
-                    int8_pairs=args.int8_pairs,
-                    int8_max_drop=args.int8_max_drop,
-                    int8_min_spearman=args.int8_min_spearman,
-                    int8_min_cosine=args.int8_min_cosine,
-                    allow_unfused=args.allow_unfused,
-                ),
+                options,
                 resolved.source,
                 args.zero_shot_template,
             )
@@ -182,14 +183,8 @@ def run(args: argparse.Namespace) -> int:
         manifest = build_bundle(
             loaded,
             args.out,
-            ExportOptions(
-                fp16=args.fp16,
-                int8=args.int8,
-                int8_pairs=args.int8_pairs,
-                int8_max_drop=args.int8_max_drop,
-                int8_min_spearman=args.int8_min_spearman,
-                int8_min_cosine=args.int8_min_cosine,
-                allow_unfused=args.allow_unfused,
+            replace(
+                options,
                 rerank_template=template,
                 instruction_format=args.instruction_format
                 and args.instruction_format.replace("\\n", "\n"),

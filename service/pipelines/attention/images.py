@@ -27,7 +27,6 @@ from typing import Literal
 import numpy as np
 
 from service.engine.admission import Admission
-from service.engine.batch_policy import BatchPolicy
 from service.engine.batcher import DynamicBatcher
 from service.engine.cost import CostModel
 from service.engine.runtime import Backend
@@ -36,7 +35,7 @@ from service.metrics import Metrics
 from service.pipelines.attention import analysis
 from service.pipelines.attention.encoding import MapEncoding, encode_maps, with_maps
 from service.pipelines.attention.heatmap import encode_png, grid_image
-from service.pipelines.attention.limits import Budget, Pacer
+from service.pipelines.attention.limits import Budget, Pacer, one_call_at_a_time
 from service.pipelines.base import Intake, Prepared, Ran
 from service.pipelines.call import Call
 from service.settings import Settings
@@ -92,13 +91,8 @@ class ImageAttention:
         self.vision = vision
         self.settings = settings
         self.budget, self.pacer, self.pixels = budget, pacer, pixels
-        policy = BatchPolicy(
-            max_batch_tokens=max(settings.attention_max_tokens, vision.tokens),
-            max_batch_size=1,
-            max_wait_s=0.0,
-            max_padding_ratio=1.0,
-            max_queue=settings.attention_queue,
-        )
+        tokens = max(settings.attention_max_tokens, vision.tokens)
+        policy = one_call_at_a_time(tokens, settings.attention_queue)
         self.batcher = DynamicBatcher(
             self._infer,
             policy,

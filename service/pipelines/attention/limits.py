@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
 
+from service.engine.batch_policy import BatchPolicy
 from service.errors import Overloaded, PayloadTooLarge
 
 
@@ -107,3 +108,15 @@ class Pacer:
             finally:
                 self.last_s = time.monotonic() - started
                 self._next = time.monotonic() + self.last_s * (1 / self.share - 1)
+
+
+def one_call_at_a_time(max_tokens: int, queue: int) -> BatchPolicy:
+    """An /attention batcher's policy: one call at a time (the pacer), a batch of one, its
+    memory that of one input."""
+    return BatchPolicy(
+        max_batch_tokens=max_tokens,
+        max_batch_size=1,
+        max_wait_s=0.0,
+        max_padding_ratio=1.0,
+        max_queue=queue,
+    )

@@ -30,7 +30,7 @@ from service.pipelines.attention import analysis
 from service.pipelines.attention.encoding import MapEncoding, encode_maps, with_maps
 from service.pipelines.attention.heatmap import encode_png, grid_image
 from service.pipelines.attention.images import ImageAttention
-from service.pipelines.attention.limits import Budget, Pacer
+from service.pipelines.attention.limits import Budget, Pacer, one_call_at_a_time
 from service.pipelines.base import Intake, Prepared, Ran
 from service.pipelines.call import Call, Timings
 from service.settings import Settings
@@ -95,14 +95,7 @@ class AttentionPipeline:
         gauge.set(0)
         self.budget = Budget(settings.attention_budget_numbers, gauge.set)
         self.pacer = Pacer(settings.attention_cpu_share)
-        # One call at a time (the pacer): a batch of one, its memory that of one text.
-        policy = BatchPolicy(
-            max_batch_tokens=settings.attention_max_tokens,
-            max_batch_size=1,
-            max_wait_s=0.0,
-            max_padding_ratio=1.0,
-            max_queue=settings.attention_queue,
-        )
+        policy = one_call_at_a_time(settings.attention_max_tokens, settings.attention_queue)
         self.batcher = DynamicBatcher(
             self._infer,
             policy,

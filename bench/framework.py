@@ -24,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from starlette.responses import Response
 
 from service.api.native.schemas import EncodeRequest
+from service.http.rehearsal import post_scope
 
 BODY = orjson.dumps({"inputs": "This temporary change affects other threads."})
 OK = b'{"ok":true}'
@@ -59,21 +60,7 @@ async def plain(scope, receive, send) -> None:
 
 
 def _scope(app, path: str) -> dict:
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))],
-        "server": ("127.0.0.1", 8000),
-        "client": ("127.0.0.1", 50000),
-        "app": app,
-    }
+    return {**post_scope(path, BODY), "app": app}
 
 
 async def timed(app, path: str, calls: int, sweep: np.ndarray | None) -> float:

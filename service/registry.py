@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -95,6 +96,11 @@ OUTPUT_CAPABILITIES: dict[Capability, str] = {
 }
 # Which routes serve a capability: derived from the route declaration by the app.
 RoutesOf = Callable[[Capability], list[str]]
+
+
+# True inside the requests a server sends itself before ready (service/http/rehearsal.py):
+# they are answered though not ready, and neither counted nor traced.
+REHEARSING: ContextVar[bool] = ContextVar("headwise_rehearsing", default=False)
 
 
 @dataclass(frozen=True)
@@ -598,7 +604,7 @@ class Registry:
     def require_ready(self) -> None:
         if self.drain.draining:
             raise Unavailable("the server is shutting down: retry on another replica", retry_after=1)
-        if not self.ready:
+        if not self.ready and not REHEARSING.get():
             raise Unavailable("models are loading", retry_after=2)
 
     async def wait_ready(self) -> None:
@@ -609,14 +615,20 @@ class Registry:
             for batcher in model.batchers:
                 batcher.start()
 
-    async def warm(self, enabled: bool) -> None:
-        """Run every graph once (off the loop), then say ready; a failure stays not ready."""
+    async def warm(
+        self, enabled: bool, rehearse: Callable[[Model], Awaitable[None]] | None = None
+    ) -> None:
+        """Run every graph once (off the loop), time it, let each model answer its rehearsal
+        (`rehearse`: requests through the whole app), then say ready; a failure stays not
+        ready."""
         loop = asyncio.get_running_loop()
         try:
             if enabled:
                 for model in self:
                     await loop.run_in_executor(None, model.backend.warmup)
                     await self.calibrate(model)
+                    if rehearse is not None and model.backend.measurable:  # not a test's fake
+                        await rehearse(model)
             self.warm_rss = rss_bytes()
             self.metrics.memory_bound.set(self.memory()["bound_bytes"])
             self.ready = True

@@ -98,6 +98,9 @@ class Route:
     errors: tuple[int, ...] = ()  # refusals beyond the defaults
     ready: bool | None = None  # needs the models loaded and warm; default: when it runs one
     feature: Literal["attention"] | None = None  # served only while this feature is enabled
+    # A body (without `model`) each model with the capability answers before ready, so that
+    # its first requests find the request path warm (service/http/rehearsal.py).
+    rehearsal: dict[str, object] | None = None
 
     def __post_init__(self) -> None:
         if not self.variants:

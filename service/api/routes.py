@@ -87,6 +87,8 @@ def oip_metadata(path: str) -> Route:
     )
 
 
+REHEARSAL_TEXT = "Which heads matter?"  # what a model answers before ready
+
 ROUTES: tuple[Route, ...] = (
     # --- headwise's own ---------------------------------------------------------------------
     Route(
@@ -95,6 +97,7 @@ ROUTES: tuple[Route, ...] = (
         one(native_schemas.EncodeRequest, native_handlers.encode, native_schemas.EncodeResponse),
         capability="encode",
         lane=True,
+        rehearsal={"inputs": [REHEARSAL_TEXT]},
         summary="Embed one text or a list of texts: dense, sparse and token vectors (outputs)",
     ),
     Route(
@@ -323,6 +326,7 @@ ROUTES: tuple[Route, ...] = (
         ),
         capability="rerank",
         lane=True,
+        rehearsal={"query": REHEARSAL_TEXT, "texts": [REHEARSAL_TEXT]},
         discriminator=second_if(infinity_schemas.RERANK_KEY),
         summary="TEI: score each text against the query, best first (Infinity's with `documents`)",
     ),
@@ -340,6 +344,7 @@ ROUTES: tuple[Route, ...] = (
         ),
         capability="classify",
         lane=True,
+        rehearsal={"inputs": REHEARSAL_TEXT},
         discriminator=second_if("image"),
         summary="TEI: every label's score for each text or pair; or, with `image` and `labels`, "
         "an image-text model's zero-shot probabilities",

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.engine.batch_policy import BatchPolicy, Item, packed, select_batch
-from service.engine.calibrate import measure, shapes
+from service.engine.calibrate import measure, shapes, spin_up
 from service.engine.cost import CostModel, Device
 from service.errors import InferenceFailed, Overloaded, Unavailable
 from service.tensors import Batch
@@ -148,6 +148,10 @@ class DynamicBatcher:
         samples = await loop.run_in_executor(
             self._executor, measure, self._infer, plan, token_id, budget_s
         )
+        if self.policy.inline_max_tokens and plan:
+            # Small batches run on the loop's own thread when idle: it spins the session up too
+            # (else the first requests after ready ran 2-3x slower than the hundredth).
+            spin_up(self._infer, plan[0], token_id)
         self.cost.calibrate(samples, time.monotonic() - started)
         if self._observer:
             self._observer.capacity(self.cost, self.policy)
@@ -334,17 +338,23 @@ class DynamicBatcher:
                     it.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
             return
         self.batches += 1
-        # Beside another batch its time is not its own: only a batch that ran alone refines.
-        refitted = alone and self.cost.observe(rows, n, seconds)
-        if self._observer:
-            real = sum(it.length for it in batch)
-            self._observer.batch(len(batch), padded.input_ids.size, real, seconds)
-            if predicted > 0:
-                self._observer.predicted(predicted, seconds)
-            if refitted:
-                self._observer.capacity(self.cost, self.policy)
         for it, row in zip(batch, out, strict=True):
             it.inference_s = seconds
             it.batch_size, it.batch_tokens = len(batch), int(padded.input_ids.size)
             if not it.future.done():
                 it.future.set_result(row)
+        # The answers first: the waiting handlers run before the bookkeeping below (a refit
+        # is scheduled after them on the loop, not run on their path). Beside another batch
+        # its time is not its own: only a batch that ran alone refines the fit.
+        if alone and self.cost.observe(rows, n, seconds, defer=True):
+            loop.call_soon(self._refit)
+        if self._observer:
+            real = sum(it.length for it in batch)
+            self._observer.batch(len(batch), padded.input_ids.size, real, seconds)
+            if predicted > 0:
+                self._observer.predicted(predicted, seconds)
+
+    def _refit(self) -> None:
+        self.cost.refit()
+        if self._observer:
+            self._observer.capacity(self.cost, self.policy)

@@ -58,6 +58,27 @@ def shapes(longest: int, max_rows: int, shortest: int = 8) -> list[tuple[int, in
     return sorted(out, key=lambda s: (s[0] * s[1], s[1]))
 
 
+def spin_up(
+    run: Callable[[Batch], object],
+    shape: tuple[int, int],
+    token_id: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """`shape` run untimed for about SPIN_UP_S on the calling thread; the seconds it took.
+
+    ONNX Runtime's first runs on a thread new to a session took 3x the steady time (15 vs
+    4.6 ms, three or four runs: the caller's own buffers), and OpenVINO makes an infer request
+    per thread: every thread that will call a session runs it here first, before ready."""
+    ids = np.full(shape, token_id, dtype=np.int64)
+    batch = Batch(ids, np.ones_like(ids))
+    spent = 0.0
+    while spent < SPIN_UP_S:
+        started = clock()
+        run(batch)
+        spent += clock() - started
+    return spent
+
+
 def measure(
     run: Callable[[Batch], object],
     plan: list[tuple[int, int]],
@@ -79,9 +100,7 @@ def measure(
         return statistics.median(times[1:] if len(times) > 1 else times), sum(times)
 
     samples: list[Sample] = []
-    spent = 0.0
-    while plan and spent < SPIN_UP_S:
-        spent += timed(*plan[0])[1]
+    spent = spin_up(run, plan[0], token_id, clock) if plan else 0.0
     for rows, n in plan:
         if len(samples) >= 2:
             ahead = fit(samples).seconds(rows, n)

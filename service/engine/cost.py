@@ -27,6 +27,7 @@ HEADWISE_CAPACITY_TOKENS_PER_S) replaces the measurement with a stated rate.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,10 @@ import numpy as np
 # Batches served that refine the calibration: the latest this many that ran alone.
 RECENT = 64
 REFIT = 8
+# A mispredicted batch refits at once, but not more often than this: on a shared VM a short
+# text's time moves by a quarter between minutes, and a refit (a few hundred µs of numpy) on
+# every such batch was a tenth of one short text's time over HTTP (py-spy, bench.runtimes).
+MIN_REFIT_GAP_S = 1.0
 NEAREST = 4  # measured shapes a correction is weighted from
 MEMO = 4096  # predictions kept until the next refit (admission asks for the same shapes often)
 
@@ -109,6 +114,7 @@ class CostModel:
         self._points = np.zeros((0, 2))  # measured shapes, (log rows, log n)
         self._ratios = np.zeros(0)  # their measured over fitted time
         self._memo: dict[tuple[int, int], float] = {}
+        self._refitted_at = -MIN_REFIT_GAP_S  # when observe last asked for a refit
 
     @property
     def source(self) -> str:
@@ -140,20 +146,29 @@ class CostModel:
         self.calibration_s = seconds
         self._refit()
 
-    def observe(self, rows: int, n: int, seconds: float) -> bool:
+    def observe(self, rows: int, n: int, seconds: float, defer: bool = False) -> bool:
         """A batch that ran alone on the device: its time refines the fit. The fit is redone
-        every REFIT batches, or at once when this one was mispredicted by a quarter or more
-        (a few hundred µs of numpy: not on every short text's batch). True: refitted."""
+        every REFIT batches, or sooner (at most every MIN_REFIT_GAP_S) when this one was
+        mispredicted by a quarter or more. True: a refit is due, and done unless `defer` (the
+        batcher calls `refit` once the batch's answers are handed over: not on their path)."""
         if self.fixed_tokens_per_s is not None or not self.learns or seconds <= 0:
             return False
         predicted = self.seconds(rows, n)
         self.recent.append(Sample(rows, n, seconds))
         self.served += 1
         off = predicted <= 0 or abs(seconds / predicted - 1) >= 0.25
-        if off or self.served % REFIT == 0:
-            self._refit()
-            return True
-        return False
+        now = time.monotonic()
+        soon = off and now - self._refitted_at >= MIN_REFIT_GAP_S
+        if not (soon or self.served % REFIT == 0):
+            return False
+        self._refitted_at = now
+        if not defer:
+            self.refit()
+        return True
+
+    def refit(self) -> None:
+        """The fit redone over the calibration and the batches served since."""
+        self._refit()
 
     def _refit(self) -> None:
         samples = [*self.calibration, *self.recent]

@@ -23,6 +23,7 @@ from service.engine.trimmer import Trimmer
 from service.http.errors import Answers
 from service.http.lane import Lane
 from service.http.middleware import HeadwiseMiddleware
+from service.http.rehearsal import Rehearsal
 from service.http.routing import mount
 from service.http.tracing import Tracing
 from service.metrics import Metrics
@@ -63,7 +64,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         rpc = RpcServer(registry, st.metrics, st.tracing)
         await rpc.start()
         st.grpc_port = rpc.port
-    warm = asyncio.create_task(registry.warm(settings.warmup))
+    api_key = settings.api_key.get_secret_value() if settings.api_key else None
+    rehearsal = Rehearsal(app, table, api_key)
+    warm = asyncio.create_task(registry.warm(settings.warmup, rehearsal))
     trimmer = asyncio.create_task(Trimmer(registry.activity).run())
     try:
         yield

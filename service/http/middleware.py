@@ -14,6 +14,7 @@ import logging
 import re
 import time
 import uuid
+from typing import Any
 
 from service.api.declaration import RouteTable
 from service.errors import (
@@ -30,6 +31,7 @@ from service.http.protocol import OVERLOADED
 from service.http.routing import ARRIVED
 from service.http.tracing import Tracing, wall_ns
 from service.metrics import Metrics
+from service.registry import REHEARSING
 
 access = logging.getLogger("headwise.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -98,7 +100,8 @@ class HeadwiseMiddleware:
         endpoint = self.table.label(scope["path"])
         status_seen = [500]
         span = None
-        if self.tracing is not None:
+        counted = not REHEARSING.get()  # a server's own rehearsal is not a client's request
+        if self.tracing is not None and counted:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             span = self.tracing.start(scope["method"], endpoint, scope["path"], headers)
 
@@ -155,32 +158,44 @@ class HeadwiseMiddleware:
             self.metrics.inflight.dec()
             self.metrics.active -= 1
             self.metrics.finished += 1
-            model = state.get("model", "")  # set by the route once it has picked a model
-            seconds = time.monotonic() - started
-            self.metrics.requests.labels(endpoint, model, str(status_seen[0])).inc()
-            self.metrics.request_duration.labels(endpoint, model).observe(seconds)
-            if span is not None and self.tracing is not None:
-                arrived = state.get(ARRIVED)
-                self.tracing.finish(
-                    span, status_seen[0], state, wall_ns(arrived) if arrived else None
-                )
-            if self.access_log:
-                access.info(
-                    "%s %s %d %.1fms%s id=%s",
-                    scope["method"],
-                    scope["path"],
-                    status_seen[0],
-                    seconds * 1e3,
-                    f" model={model}" if model else "",
-                    request_id,
-                    extra={
-                        "request_id": request_id,
-                        "route": f"{scope['method']} {scope['path']}",
-                        "status": status_seen[0],
-                        "model": model,
-                        "ms": round(seconds * 1e3, 3),
-                    },
-                )
+            if counted:
+                self._record(scope, state, endpoint, status_seen[0], started, span, request_id)
+
+    def _record(
+        self,
+        scope: Scope,
+        state: dict[str, Any],
+        endpoint: str,
+        status: int,
+        started: float,
+        span: Any,
+        request_id: str,
+    ) -> None:
+        """The request in /metrics, its span finished, its access-log line."""
+        model = state.get("model", "")  # set by the route once it has picked a model
+        seconds = time.monotonic() - started
+        self.metrics.requests.labels(endpoint, model, str(status)).inc()
+        self.metrics.request_duration.labels(endpoint, model).observe(seconds)
+        if span is not None and self.tracing is not None:
+            arrived = state.get(ARRIVED)
+            self.tracing.finish(span, status, state, wall_ns(arrived) if arrived else None)
+        if self.access_log:
+            access.info(
+                "%s %s %d %.1fms%s id=%s",
+                scope["method"],
+                scope["path"],
+                status,
+                seconds * 1e3,
+                f" model={model}" if model else "",
+                request_id,
+                extra={
+                    "request_id": request_id,
+                    "route": f"{scope['method']} {scope['path']}",
+                    "status": status,
+                    "model": model,
+                    "ms": round(seconds * 1e3, 3),
+                },
+            )
 
     def _takes_json(self, scope: Scope) -> bool:
         route = self.table.match(scope["method"], scope["path"])

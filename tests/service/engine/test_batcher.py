@@ -398,6 +398,24 @@ def test_a_small_batch_on_an_idle_batcher_runs_on_the_event_loop():
     assert run(go()) == [threading.current_thread()]
 
 
+@pytest.mark.parametrize("inline_max_tokens", [0, 8])
+def test_calibration_runs_the_session_on_every_thread_that_will_call_it(inline_max_tokens):
+    """ONNX Runtime's first runs on a thread new to a session took 3x the steady time: the
+    loop's thread, which runs small batches inline, is spun up before ready too."""
+
+    async def go():
+        infer = Threads()
+        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=inline_max_tokens))
+        await b.calibrate(16, 5, 0.5)
+        await b.stop()
+        return set(infer.ran_on)
+
+    threads = run(go())
+    here = threading.current_thread()
+    assert (here in threads) is bool(inline_max_tokens)
+    assert len(threads - {here}) == 1  # and its inference thread, as before
+
+
 @pytest.mark.parametrize(
     ("inline_max_tokens", "lengths", "why"),
     [(0, (3,), "inline runs off"), (8, (9,), "batch over the limit"), (8, (3, 3, 3), "3x3 > 8")],

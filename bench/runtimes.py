@@ -1,12 +1,13 @@
 """python -m bench.runtimes --bundle B: each runtime and precision on the same model and corpus,
 in one run (service/engine/choice.py chooses among them).
 
-Per path (ONNX Runtime fp32, the bundle's int8 graph when it has one, OpenVINO fp32, OpenVINO
-bf16 where the CPU has bf16 units): the graph called directly on length-sorted batches of 32
-(rounds interleaved, so that a shared machine's noise falls on all alike), one short text's
-p50 latency, retrieval on the held-out query -> document pairs against ONNX Runtime fp32
-(recall@10, MRR), and a server started on that path (HEADWISE_RUNTIME, HEADWISE_PRECISION) over
-HTTP at 1 and 32 clients, one text a request. A path this CPU cannot run is listed with why.
+Per path (ONNX Runtime fp32, the bundle's int8 graph when it has one, OpenVINO fp32, OpenVINO's
+NNCF int8 graph when the bundle has one, OpenVINO bf16 where the CPU has bf16 units): the graph
+called directly on length-sorted batches of 32 (rounds interleaved, so that a shared machine's
+noise falls on all alike), one short text's p50 latency, retrieval on the held-out query ->
+document pairs against ONNX Runtime fp32 (recall@10, MRR), and a server started on that path
+(HEADWISE_RUNTIME, HEADWISE_PRECISION) over HTTP at 1 and 32 clients, one text a request. A path
+this CPU cannot run is listed with why.
 
 Writes bench/results/runtimes.{json,md}.
 """
@@ -53,6 +54,10 @@ def paths(bundle: Path, manifest: Manifest) -> tuple[list[tuple[str, str]], list
         skipped.append("openvino: not installed")
         return run, skipped
     run.append(("openvino", "fp32"))
+    if "encoder_int8_openvino" in manifest.graphs:
+        run.append(("openvino", "int8"))
+    else:
+        skipped.append("openvino int8: the bundle has no OpenVINO int8 graph (export --int8)")
     cpu = detect()
     if cpu.bf16:
         run.append(("openvino", "bf16"))
@@ -63,7 +68,8 @@ def paths(bundle: Path, manifest: Manifest) -> tuple[list[tuple[str, str]], list
 
 def session(bundle: Path, manifest: Manifest, runtime: str, precision: str) -> Any:
     if runtime == "openvino":
-        return OpenVinoSession(bundle / manifest.graphs["encoder"].file, precision)
+        key = "encoder_int8_openvino" if precision == "int8" else "encoder"
+        return OpenVinoSession(bundle / manifest.graphs[key].file, precision)
     key = "encoder_int8" if precision == "int8" else "encoder"
     return build_session(bundle / manifest.graphs[key].file, threads=0, spin=True)
 

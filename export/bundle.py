@@ -31,7 +31,7 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
-from export import external, fused, optimize, outputs, templates, verify
+from export import external, fused, openvino_int8, optimize, outputs, templates, verify
 from export.entries import graph_entry
 from export.onnx import OPSET, export_attention, export_serving, graph_inputs
 from models.outputs import MultiOutputEncoder
@@ -186,15 +186,26 @@ def _check(got: np.ndarray, want: np.ndarray, graph: str, task: str, min_cosine:
     return parity
 
 
+def _gate(
+    fused: Path, tok: Tokenizer, task: str, options: ExportOptions
+) -> quality.RetrievalGate | None:
+    """The int8 retrieval gate of an embedding model (fp32 embedded once, for both runtimes'
+    int8 graphs); None for a scorer, or with --int8-pairs 0."""
+    if task != "embed" or options.int8_pairs <= 0:
+        return None
+    pairs = quality.docstring_pairs("gate", limit=options.int8_pairs)
+    return quality.RetrievalGate(fused, tok, pairs, options.int8_max_drop, options.int8_min_spearman)
+
+
 def _int8(
     fused: Path,
     path: Path,
-    tok: Tokenizer,
     feeds: dict[str, np.ndarray],
     fp32: np.ndarray,
     task: str,
     options: ExportOptions,
     heads: int,
+    gate: quality.RetrievalGate | None,
 ) -> GraphEntry:
     """The fastest int8 graph that passes the gate, with what the gate measured."""
 
@@ -208,12 +219,6 @@ def _int8(
     min_cosine = options.int8_min_cosine if task == "embed" else verify.INT8_TARGET_COSINE
     # The floor against a broken quantiser is part of the search: a graph under it keeps nodes.
     min_cosine = max(min_cosine, verify.INT8_MIN_COSINE)
-    gate = None
-    if task == "embed" and options.int8_pairs > 0:
-        pairs = quality.docstring_pairs("gate", limit=options.int8_pairs)
-        gate = quality.RetrievalGate(
-            fused, tok, pairs, options.int8_max_drop, options.int8_min_spearman
-        )
 
     def passes(candidate: Path) -> bool:
         if probe_parity(candidate).min_cosine < min_cosine:
@@ -336,8 +341,17 @@ def build_bundle(
             graphs["encoder_fp16"] = graph_entry(path, "fp16", counts, parity, **fusion, **extra)
         if options.int8:
             path = tmp / "encoder.int8.onnx"
-            entry = _int8(fused_path, path, tok, feeds, fp32, task, options, heads)
+            gate = _gate(fused_path, tok, task, options)
+            entry = _int8(fused_path, path, feeds, fp32, task, options, heads, gate)
             graphs["encoder_int8"] = entry.model_copy(update=fusion)
+            # OpenVINO's own int8 (it cannot read ONNX Runtime's), through the same gate.
+            why = openvino_int8.available()
+            if gate is None or why is not None:
+                log.info("no OpenVINO int8 graph: %s", why or "its gate is retrieval (embedding models)")
+            else:
+                ov = openvino_int8.quantize(fused_path, tmp, tok, cfg.pad_token_id, feeds, fp32, gate)
+                if ov is not None:
+                    graphs["encoder_int8_openvino"] = ov
 
         more = towers(tmp) if towers is not None else {}
         specials = special_tokens(tok, cfg.pad_token_id)

@@ -21,7 +21,7 @@ FORMAT_VERSION = 4
 
 Task = Literal["embed", "rerank", "classify"]
 Pooling = Literal["mean", "cls", "lasttoken"]
-GraphKey = Literal["encoder", "attention", "encoder_fp16", "encoder_int8"]
+GraphKey = Literal["encoder", "attention", "encoder_fp16", "encoder_int8", "encoder_int8_openvino"]
 Precision = Literal["fp32", "fp16", "int8"]
 GraphInput = Literal["input_ids", "attention_mask", "token_type_ids"]
 DEFAULT_INPUTS: tuple[GraphInput, ...] = ("input_ids", "attention_mask")

@@ -397,6 +397,8 @@ def load_backends(specs: Sequence[ModelSpec], loader: Loader, settings: Settings
 def expected_graph(manifest: Manifest, settings: Settings) -> GraphKey:
     """The serving graph a backend will load for these settings (before it is loaded)."""
     keys: dict[str, GraphKey] = {"fp16": "encoder_fp16", "int8": "encoder_int8"}
+    if settings.runtime == "openvino" and settings.precision == "int8":
+        keys = {"int8": "encoder_int8_openvino"}
     if settings.precision in keys and keys[settings.precision] in manifest.graphs:
         return keys[settings.precision]
     if settings.precision == "auto" and settings.device == "cuda":

@@ -7,7 +7,9 @@ to gain), and always on a GPU. What the machine cannot do is refused at start wi
 even when asked for: bf16 on a CPU without bf16 units would compute fp32 (OpenVINO compiles fp32
 there). What one model's graph cannot do on OpenVINO (an op it cannot compile, outputs that
 disagree with ONNX Runtime's on a probe batch) serves that model on ONNX Runtime instead, and
-/info and the log say why (service/engine/runtime.py).
+/info and the log say why (service/engine/runtime.py). int8 is never chosen by itself: ONNX
+Runtime's (`HEADWISE_PRECISION=int8`) or OpenVINO's own NNCF graph (with
+`HEADWISE_RUNTIME=openvino`), each judged by the retrieval gate, is the operator's choice.
 """
 
 from __future__ import annotations
@@ -58,10 +60,17 @@ def choose(settings: Settings, cpu: Cpu, on_cuda: bool, openvino: str | None) ->
                 f"bf16 needs a CPU with bf16 units (amx_bf16 or avx512_bf16); {flags}: OpenVINO "
                 "would compute fp32 here. Serve fp32 (HEADWISE_PRECISION=auto or fp32)"
             )
-        if precision in ("fp16", "int8"):
+        if precision == "fp16":
             raise Unservable(
-                f"OpenVINO serves fp32 and bf16 here; {precision} is ONNX Runtime's graph from "
-                "the bundle: HEADWISE_RUNTIME=onnxruntime (or auto)"
+                "OpenVINO serves fp32, bf16 and int8 here; fp16 is ONNX Runtime's GPU graph: "
+                "HEADWISE_RUNTIME=onnxruntime (or auto)"
+            )
+        if precision == "int8":  # the operator's choice, judged by the retrieval gate at start
+            return Choice(
+                "openvino",
+                "int8",
+                f"HEADWISE_RUNTIME=openvino, HEADWISE_PRECISION=int8; {flags}; OpenVINO "
+                f"{openvino} on the bundle's NNCF int8 graph",
             )
         served = "bf16" if precision == "bf16" or (precision == "auto" and bf16) else "fp32"
         asked = "HEADWISE_PRECISION=bf16" if precision == "bf16" else "HEADWISE_RUNTIME=openvino"

@@ -25,12 +25,13 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from service.bundle import sha256_file
+from service.engine.openvino_session import OpenVinoSession
 from service.engine.sessions import build_session
 from service.manifest import RetrievalQuality
 from service.tensors import cosines, l2_normalize, pad_batch
@@ -216,7 +217,8 @@ class RetrievalGate:
         self._measured: dict[str, RetrievalQuality] = {}  # by file hash: the last graph is kept
 
     def embed(self, graph: Path) -> tuple[np.ndarray, np.ndarray]:
-        s = build_session(graph)
+        """The pairs' queries and documents embedded by `graph` (OpenVINO's IR: an .xml)."""
+        s: Any = OpenVinoSession(graph) if graph.suffix == ".xml" else build_session(graph)
         inputs = [i.name for i in s.get_inputs()]
         primary = [s.get_outputs()[0].name]
 

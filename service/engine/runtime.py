@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -114,6 +113,20 @@ def choose_graph(bundle: Bundle, precision: str, on_cuda: bool) -> GraphKey:
     return key
 
 
+def openvino_graph(bundle: Bundle, choice: Choice) -> GraphKey:
+    """OpenVINO's serving graph: the fused fp32 graph (compiled in fp32 or bf16), or the
+    bundle's NNCF int8 IR."""
+    if choice.precision != "int8":
+        return "encoder"
+    if not bundle.has_graph("encoder_int8_openvino"):
+        raise DeviceUnavailable(
+            "int8 on OpenVINO needs the bundle's OpenVINO int8 graph: export with --int8 where "
+            "openvino and nncf are installed (pip install -e '.[export]'), or serve ONNX "
+            "Runtime's int8 (HEADWISE_RUNTIME=onnxruntime)"
+        )
+    return "encoder_int8_openvino"
+
+
 def pad_to_length(tok: Tokenizer, length: int, pad_id: int) -> None:
     """Every text padded to `length` with the pad token, as a SigLIP model card runs its text
     tower (padding="max_length", no attention mask): the padding is part of the sequence,
@@ -143,8 +156,10 @@ class OnnxBackend:
             raise DeviceUnavailable(str(exc)) from None
         if choice.runtime == "openvino":
             providers = [CPU]  # the attention graph stays on ONNX Runtime's CPU provider
-        graph = "encoder" if choice.runtime == "openvino" else choose_graph(
-            bundle, settings.precision, providers[0] == CUDA
+        graph: GraphKey = (
+            openvino_graph(bundle, choice)
+            if choice.runtime == "openvino"
+            else choose_graph(bundle, settings.precision, providers[0] == CUDA)
         )
         # Memory: the default ("shrink") hands the arena's regions back after every run, so RSS
         # follows the batch in flight, not the largest ever seen (bench/arena.py measures it).
@@ -153,7 +168,9 @@ class OnnxBackend:
         self.session: Any = None
         self.quality: RetrievalQuality | None = None  # a served precision's gate, when judged
         if choice.runtime == "openvino":
-            self.session, choice = self._openvino(bundle.graph_path(graph), choice, settings)
+            self.session, choice = self._openvino(bundle, graph, choice, settings)
+            if self.session is None:
+                graph = "encoder"
         if self.session is None:
             self.session = build_session(
                 bundle.graph_path(graph),
@@ -243,11 +260,12 @@ class OnnxBackend:
         )
 
     def _openvino(
-        self, path: Path, choice: Choice, settings: Settings
+        self, bundle: Bundle, graph: GraphKey, choice: Choice, settings: Settings
     ) -> tuple[OpenVinoSession | None, Choice]:
         """The graph compiled by OpenVINO, once its outputs agree with ONNX Runtime's on a padded
         probe batch; else None and ONNX Runtime, with the reason (a family whose fused ops
         OpenVINO reads differently is served right, on the runtime it was exported for)."""
+        path = bundle.graph_path(graph)
         try:
             session = OpenVinoSession(path, choice.precision, settings.threads)
         except Exception as exc:  # OpenVINO raises RuntimeError and its own kinds
@@ -256,30 +274,40 @@ class OnnxBackend:
             if session.precision != choice.precision:
                 failed = f"OpenVINO compiled {path.name} in {session.precision}, not {choice.precision}"
             else:
-                reference = build_session(path, [CPU], settings.threads)
+                # The reference is the fp32 graph (an int8 IR is OpenVINO's alone).
+                reference = build_session(bundle.graph_path("encoder"), [CPU], settings.threads)
                 probe = openvino_session.probe_batch(self.manifest)
                 why = openvino_session.disagreement(session, reference, probe, choice.precision)
                 if why is not None:
                     failed = f"OpenVINO's {path.name} disagrees with ONNX Runtime's: {why}"
                 else:
-                    judged = self._judged(session, reference, choice, settings)
+                    recorded = self.manifest.graphs[graph].quality  # export's gate, if any
+                    judged = self._judged(session, reference, choice, settings, recorded)
                     if judged is None:
                         return session, choice
                     failed = judged
-        if settings.precision == "bf16":  # asked for: refused with the reason, not replaced
+        if settings.precision in ("bf16", "int8"):  # asked for: refused with the reason
             raise DeviceUnavailable(f"{self.manifest.name}: {failed}")
         log.warning("%s: %s: serving on ONNX Runtime", self.manifest.name, failed)
         return None, Choice("onnxruntime", "auto", f"{choice.reason}; but {failed}: ONNX Runtime")
 
     def _judged(
-        self, session: OpenVinoSession, reference: Any, choice: Choice, settings: Settings
+        self,
+        session: OpenVinoSession,
+        reference: Any,
+        choice: Choice,
+        settings: Settings,
+        recorded: RetrievalQuality | None = None,
     ) -> str | None:
         """A precision below fp32 is served only when it keeps retrieval: an embedding model's
         recall@10 and MRR on real query -> document pairs within 0.5 point of the fp32 graph's,
         both run here (service/engine/quality.py). None: it does (figures in self.quality)."""
         if choice.precision == "fp32" or self.manifest.task != "embed":
             return None
-        pairs = quality.docstring_pairs("gate", limit=settings.precision_gate_pairs)
+        # A graph gated at export (OpenVINO's int8) is judged again on the same pairs: on a
+        # subset its verdict could differ (a query flipped is 0.2 point of 500 pairs).
+        limit = recorded.pairs if recorded is not None else settings.precision_gate_pairs
+        pairs = quality.docstring_pairs("gate", limit=limit)
         inputs = [i.name for i in reference.get_inputs()]
         primary = [reference.get_outputs()[0].name]
 

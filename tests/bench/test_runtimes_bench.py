@@ -30,6 +30,8 @@ def test_runtimes_bench_measures_each_path_this_cpu_has(tiny_bundle, tmp_path):
     assert paths[0] == ("onnxruntime", "fp32") and ("openvino", "fp32") in paths
     assert ("onnxruntime", "int8") in paths  # the tiny bundle has an int8 graph
     assert (("openvino", "bf16") in paths) == detect().bf16
+    graphs = json.loads((tiny_bundle / "manifest.json").read_text())["graphs"]
+    assert (("openvino", "int8") in paths) == ("encoder_int8_openvino" in graphs)
     assert all(r["graph_texts_per_s"] > 0 and r["short_p50_ms"] > 0 for r in result["rows"])
     ov = result["rows"][paths.index(("openvino", "fp32"))]
     assert ov["min_cosine"] > 0.9999  # fp32 on either runtime: the same vectors

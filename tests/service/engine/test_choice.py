@@ -66,6 +66,9 @@ def test_explicit_choices_are_served_as_asked():
     assert choose(Settings(runtime="openvino", precision="fp32"), AMX, False, OV).precision == "fp32"
     assert choose(Settings(runtime="auto", precision="bf16"), ZEN4, False, OV).runtime == "openvino"
     assert choose(Settings(runtime="onnxruntime"), AMX, False, OV).runtime == "onnxruntime"
+    # int8 on OpenVINO: the operator's choice (never auto), on any CPU, judged at start.
+    int8 = choose(Settings(runtime="openvino", precision="int8"), AVX2, False, OV)
+    assert (int8.runtime, int8.precision) == ("openvino", "int8") and "NNCF" in int8.reason
 
 
 @pytest.mark.parametrize(
@@ -74,7 +77,7 @@ def test_explicit_choices_are_served_as_asked():
         (Settings(runtime="auto", precision="bf16"), AVX2, OV, "this CPU's flags: avx2"),
         (Settings(precision="bf16", runtime="onnxruntime"), AMX, OV, "bf16 runs on OpenVINO"),
         (Settings(runtime="openvino"), AMX, None, "pip install openvino"),
-        (Settings(runtime="openvino", precision="int8"), AMX, OV, "int8 is ONNX Runtime's"),
+        (Settings(runtime="openvino", precision="fp16"), AMX, OV, "fp16 is ONNX Runtime's"),
         (Settings(runtime="openvino", device="cuda"), AMX, OV, "HEADWISE_DEVICE=cuda"),
     ],
 )

@@ -75,3 +75,28 @@ def test_openvino_int8_from_a_bundle_without_it_is_refused_naming_the_export(def
         client_for(default_bundle, runtime="openvino", precision="int8"),
     ):
         pass
+
+
+@pytest.mark.parametrize("held_out", [1043, 1040, 900, 41, 12])
+def test_calibration_has_texts_whatever_the_standard_library_holds(
+    held_out: int, family_tokenizers, monkeypatch
+):
+    """A slim image's Python has fewer held-out docstring pairs than the first 1,000 that
+    bench.runtimes measures (CI's image build failed on NNCF's "Subset size must be positive"):
+    calibration then takes the last pairs it has, and never none."""
+    from export import openvino_int8
+    from service.engine import quality
+
+    pairs = quality.Pairs(
+        [f"query {i}" for i in range(held_out)], [f"doc {i}" for i in range(held_out)]
+    )
+    monkeypatch.setattr(quality, "docstring_pairs", lambda split="gate", limit=None: pairs)
+    tok = Tokenizer.from_file(str(family_tokenizers["wordpiece"]))
+    feeds = openvino_int8.calibration_feeds(tok, ["input_ids", "attention_mask"], 0)
+    calibrated = sum(len(f["input_ids"]) for f in feeds)
+    start = openvino_int8.calibration_start(held_out)
+    assert calibrated == 2 * (held_out - start) > 0
+    if held_out - openvino_int8.CALIBRATION_FROM >= openvino_int8.CALIBRATION_PAIRS:
+        assert start == openvino_int8.CALIBRATION_FROM  # bench.runtimes's check left alone
+    else:
+        assert held_out - start == min(held_out, openvino_int8.CALIBRATION_PAIRS)

@@ -38,7 +38,7 @@ from models.outputs import MultiOutputEncoder
 from models.precision import float32_compute
 from models.weights import LoadedModel
 from service.bundle import MANIFEST, sha256_file
-from service.engine import memory, quality
+from service.engine import memory, openvino_session, quality
 from service.engine.runtime import pad_to_length
 from service.manifest import (
     FileEntry,
@@ -194,7 +194,9 @@ def _gate(
     if task != "embed" or options.int8_pairs <= 0:
         return None
     pairs = quality.docstring_pairs("gate", limit=options.int8_pairs)
-    return quality.RetrievalGate(fused, tok, pairs, options.int8_max_drop, options.int8_min_spearman)
+    return quality.RetrievalGate(
+        fused, tok, pairs, options.int8_max_drop, options.int8_min_spearman
+    )
 
 
 def _int8(
@@ -347,9 +349,16 @@ def build_bundle(
             # OpenVINO's own int8 (it cannot read ONNX Runtime's), through the same gate.
             why = openvino_int8.available()
             if gate is None or why is not None:
-                log.info("no OpenVINO int8 graph: %s", why or "its gate is retrieval (embedding models)")
+                log.info(
+                    "no OpenVINO int8 graph: %s", why or "its gate is retrieval (embedding models)"
+                )
             else:
-                ov = openvino_int8.quantize(fused_path, tmp, tok, cfg.pad_token_id, feeds, fp32, gate)
+                probe = openvino_session.probe_of(
+                    special_tokens(tok, cfg.pad_token_id), cfg.vocab_size, loaded.max_length
+                )
+                ov = openvino_int8.quantize(
+                    fused_path, tmp, tok, cfg.pad_token_id, feeds, fp32, gate, probe
+                )
                 if ov is not None:
                     graphs["encoder_int8_openvino"] = ov
 

@@ -22,6 +22,7 @@ log. Embedding models only (the gate is retrieval).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from tokenizers import Tokenizer
 
 from export import verify
 from service.bundle import sha256_file
-from service.engine import quality
+from service.engine import openvino_session, quality
 from service.engine.openvino_session import OpenVinoSession
 from service.engine.sessions import build_session
 from service.manifest import DataFile, GraphEntry, Parity, RetrievalQuality
@@ -96,20 +97,26 @@ def quantize(
     feeds: dict[str, np.ndarray],
     fp32: np.ndarray,
     gate: quality.RetrievalGate,
+    probe: Batch,
 ) -> GraphEntry | None:
     """The int8 IR beside `fused` in `out_dir` and its manifest entry: the first step of LADDER
-    whose graph keeps the probe's cosine and passes the retrieval gate; None (logged) when
-    none does."""
+    whose graph keeps the probe texts' cosine, agrees with ONNX Runtime's fp32 graph on every
+    output as a server's start demands (`probe`: openvino_session.probe_of; on a VNNI CPU
+    every MatMul in int8 moved a token state to cosine 0.949, which a server refused), and
+    passes the retrieval gate; None (logged) when none does."""
     import nncf
     import openvino
 
     path = out_dir / XML
-    inputs = [i.name for i in build_session(fused).get_inputs()]
+    core = openvino.Core()
+    inputs = [port.get_any_name() for port in core.read_model(str(fused)).inputs]
+    texts = {k: v for k, v in feeds.items() if k in inputs}
+    reference = build_session(fused)  # what a server's start compares it with
     data = calibration_feeds(tok, inputs, pad_id)
     fails: list[str] = []
     for kept in LADDER:
         # A fresh read each time: NNCF keys nodes by the names a read gives them.
-        model = openvino.Core().read_model(str(fused))
+        model = core.read_model(str(fused))
         names = [
             op.get_friendly_name()
             for op in model.get_ops()
@@ -123,15 +130,16 @@ def quantize(
             ignored_scope=nncf.IgnoredScope(names=names) if names else None,
         )
         openvino.save_model(quantized, str(path))  # compress_to_fp16 is for fp32 weights only
-        session = OpenVinoSession(path, "int8")
-        primary = session.get_outputs()[0].name
-        got = session.run([primary], {k: v for k, v in feeds.items() if k in inputs})[0]
+        session = OpenVinoSession(path, "int8")  # compiled once: the probe's and the gate's
+        got = session.run([session.get_outputs()[0].name], texts)[0]
         parity = verify.compare_outputs("encoder.onnx", got, fp32, "embed")
-        q = gate.measure(path)
         step = f"{len(names)} MatMul kept fp32"
+        # The cheap checks first: the gate's 2,000 texts are not run for a step that fails them.
         if parity.min_cosine < verify.INT8_MIN_COSINE:
             fails.append(f"{step}: probe cosine {parity.min_cosine:.4f} < {verify.INT8_MIN_COSINE}")
-        elif not quality.within(q, gate.max_drop, gate.min_spearman):
+        elif why := openvino_session.disagreement(session, reference, probe, "int8"):
+            fails.append(f"{step}: {why}")
+        elif not quality.within(q := gate.measure(path, session), gate.max_drop, gate.min_spearman):
             fails.append(f"{step}: {quality.summary(q)}")
         else:
             return _entry(path, quantized, parity, q, names)
@@ -145,9 +153,7 @@ def quantize(
 def _entry(
     path: Path, quantized: Any, parity: Parity, q: RetrievalQuality, kept: list[str]
 ) -> GraphEntry:
-    counts: dict[str, int] = {}
-    for op in quantized.get_ops():
-        counts[op.get_type_name()] = counts.get(op.get_type_name(), 0) + 1
+    counts = dict(Counter(op.get_type_name() for op in quantized.get_ops()))
     fake = counts.get("FakeQuantize", 0)
     log.info(
         "OpenVINO int8 (NNCF, %d FakeQuantize, %d MatMul kept fp32): probe cosine >= %.4f; %s",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from service.manifest import Manifest
+from service.manifest import Manifest, SpecialTokens
 from service.tensors import Batch
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,9 @@ class OpenVinoSession:
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
         self.compiled = core.compile_model(model, "CPU", config)
-        compiled = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
-        self.precision = "int8" if precision == "int8" else "bf16" if "bf16" in compiled else "fp32"
+        # A Type, not a string: str() of it reads "<Type: 'bfloat16'>".
+        bf16 = self.compiled.get_property("INFERENCE_PRECISION_HINT") == openvino.Type.bf16
+        self.precision = "int8" if precision == "int8" else "bf16" if bf16 else "fp32"
         self._inputs = [Port(p.get_any_name()) for p in self.compiled.inputs]
         self._outputs = [Port(p.get_any_name()) for p in self.compiled.outputs]
         self._local = threading.local()
@@ -119,14 +120,17 @@ MAX_SCORE_DIFF = {"fp32": 1e-3, "bf16": 3e-2, "int8": 1e-1}
 def probe_batch(manifest: Manifest) -> Batch:
     """Sequences of several lengths (the longest up to 160 tokens: past a ModernBERT's local
     window of 128), so that the others are padded: where a runtime's masking would differ."""
-    specials = manifest.special_tokens
+    return probe_of(manifest.special_tokens, manifest.vocab_size, manifest.max_length)
+
+
+def probe_of(specials: SpecialTokens, vocab_size: int, max_length: int) -> Batch:
+    """probe_batch before there is a manifest (export judging OpenVINO's int8 graph by it)."""
     rng = np.random.default_rng(0)
     low = max(specials.cls or 0, specials.sep or 0, specials.pad) + 1
-    high = manifest.vocab_size
-    lengths = [min(manifest.max_length, 160), 7, 33, 2]
+    lengths = [min(max_length, 160), 7, 33, 2]
     sequences = []
     for n in lengths:
-        ids = rng.integers(low, high, size=n).tolist()
+        ids = rng.integers(low, vocab_size, size=n).tolist()
         if specials.cls is not None and n > 2:
             ids[0] = specials.cls
         if specials.sep is not None and n > 2:

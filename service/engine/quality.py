@@ -216,9 +216,12 @@ class RetrievalGate:
         self.fp32 = self.embed(fp32_graph)
         self._measured: dict[str, RetrievalQuality] = {}  # by file hash: the last graph is kept
 
-    def embed(self, graph: Path) -> tuple[np.ndarray, np.ndarray]:
-        """The pairs' queries and documents embedded by `graph` (OpenVINO's IR: an .xml)."""
-        s: Any = OpenVinoSession(graph) if graph.suffix == ".xml" else build_session(graph)
+    def embed(self, graph: Path, session: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs' queries and documents embedded by `graph` (OpenVINO's IR: an .xml), or by
+        `session`, the caller's of that graph, where it has one."""
+        s: Any = session
+        if s is None:
+            s = OpenVinoSession(graph) if graph.suffix == ".xml" else build_session(graph)
         inputs = [i.name for i in s.get_inputs()]
         primary = [s.get_outputs()[0].name]
 
@@ -230,10 +233,10 @@ class RetrievalGate:
             embed(run, self.tok, self.pairs.documents, inputs),
         )
 
-    def measure(self, graph: Path) -> RetrievalQuality:
+    def measure(self, graph: Path, session: Any = None) -> RetrievalQuality:
         key = sha256_file(graph)
         if key not in self._measured:
-            self._measured[key] = measure(self.fp32, self.embed(graph)).model_copy(
+            self._measured[key] = measure(self.fp32, self.embed(graph, session)).model_copy(
                 update={
                     "max_drop_allowed": self.max_drop,
                     "min_spearman_allowed": self.min_spearman,

@@ -272,7 +272,9 @@ class OnnxBackend:
             failed = f"OpenVINO cannot compile {path.name} ({str(exc).splitlines()[0][:200]})"
         else:
             if session.precision != choice.precision:
-                failed = f"OpenVINO compiled {path.name} in {session.precision}, not {choice.precision}"
+                failed = (
+                    f"OpenVINO compiled {path.name} in {session.precision}, not {choice.precision}"
+                )
             else:
                 # The reference is the fp32 graph (an int8 IR is OpenVINO's alone).
                 reference = build_session(bundle.graph_path("encoder"), [CPU], settings.threads)
@@ -301,7 +303,8 @@ class OnnxBackend:
     ) -> str | None:
         """A precision below fp32 is served only when it keeps retrieval: an embedding model's
         recall@10 and MRR on real query -> document pairs within 0.5 point of the fp32 graph's,
-        both run here (service/engine/quality.py). None: it does (figures in self.quality)."""
+        both run here (service/engine/quality.py), on its first output (a multi-vector model's
+        token vectors averaged over the real tokens). None: it does (figures in self.quality)."""
         if choice.precision == "fp32" or self.manifest.task != "embed":
             return None
         # A graph gated at export (OpenVINO's int8) is judged again on the same pairs: on a
@@ -312,14 +315,30 @@ class OnnxBackend:
         primary = [reference.get_outputs()[0].name]
 
         def runner(s: Any) -> quality.Run:
-            return lambda feeds: np.asarray(s.run(primary, feeds)[0])
+            def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+                out = np.asarray(s.run(primary, feeds)[0])
+                if out.ndim == 3:  # token vectors (ColBERT): judged mean-pooled, not by MaxSim
+                    mask = feeds["attention_mask"][..., None].astype(out.dtype)
+                    out = (out * mask).sum(1) / np.maximum(mask.sum(1), 1.0)
+                return out
+
+            return run
 
         q = quality.judge(runner(reference), runner(session), self.tokenizer, inputs, pairs)
         self.quality = q
         verdict = quality.within(q, quality.MAX_DROP_POINTS, quality.MIN_SPEARMAN)
-        log.info("%s: %s %s the retrieval gate: %s", self.manifest.name, choice.precision,
-                 "passes" if verdict else "fails", quality.summary(q))
-        return None if verdict else f"{choice.precision} fails the retrieval gate ({quality.summary(q)})"
+        log.info(
+            "%s: %s %s the retrieval gate: %s",
+            self.manifest.name,
+            choice.precision,
+            "passes" if verdict else "fails",
+            quality.summary(q),
+        )
+        return (
+            None
+            if verdict
+            else f"{choice.precision} fails the retrieval gate ({quality.summary(q)})"
+        )
 
     def _tokenizer(self, direction: Side) -> Tokenizer:
         tok = Tokenizer.from_file(str(self.bundle.tokenizer_path))
@@ -419,7 +438,9 @@ class OnnxBackend:
         feeds = self._pixels(batch)
         if batch.head_gates is not None:
             feeds["head_gates"] = batch.head_gates
-        return [np.asarray(x) for x in self.vision_attention_session.run(None, feeds, self._run_opts)]
+        return [
+            np.asarray(x) for x in self.vision_attention_session.run(None, feeds, self._run_opts)
+        ]
 
     def warmup(self) -> None:
         """Each session once, at the longest input it will run (the long lane's: a short one,

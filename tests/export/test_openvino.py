@@ -141,9 +141,15 @@ def test_every_output_of_the_serving_graph_equals_onnx_runtimes(family, precisio
             a, b = a[mask], b[mask]
         if manifest.task == "embed" or a.ndim == 2 and a.shape[1] > 1 and name != "logits":
             assert cosines(a, b).min() >= MIN_COSINE[precision], name
-        else:  # scores: the same order, close values
-            assert (np.argsort(a.ravel()) == np.argsort(b.ravel())).all(), name
-            assert np.abs(a - b).max() < 1e-3 * max(1.0, float(np.abs(b).max())), name
+        else:  # scores: close values, in the same order wherever fp32 tells them apart
+            a, b = a.ravel(), b.ravel()
+            tol = 1e-3 * max(1.0, float(np.abs(b).max()))
+            assert np.abs(a - b).max() < tol, (name, a, b)
+            # A random-weight ranker's scores can tie within bf16's resolution (4e-5 apart):
+            # their order is noise. Pairs further apart than the tolerance keep theirs.
+            apart = np.abs(b[:, None] - b[None, :]) > tol
+            same = np.sign(a[:, None] - a[None, :]) == np.sign(b[:, None] - b[None, :])
+            assert same[apart].all(), (name, a, b)
 
 
 def test_a_server_on_openvino_answers_as_onnx_runtimes(family):
@@ -157,7 +163,8 @@ def test_a_server_on_openvino_answers_as_onnx_runtimes(family):
         path, body = "/predict", {"inputs": [[TEXTS[0], t] for t in TEXTS], "raw_scores": True}
     answers = {}
     for runtime in ("onnxruntime", "openvino"):
-        with client_for(bundle, runtime=runtime, calibration_s=0.5) as c:
+        # fp32 asked for: on a CPU with bf16 units OpenVINO's own choice is bf16 (tested below).
+        with client_for(bundle, runtime=runtime, precision="fp32", calibration_s=0.5) as c:
             info = c.get("/info").json()
             served = "onnxruntime" if name in DISAGREE else runtime
             assert info["runtime"] == served and info["precision"] == "fp32"
@@ -178,8 +185,53 @@ def test_a_server_on_openvino_answers_as_onnx_runtimes(family):
         assert cosines(np.array(got["embeddings"]), np.array(want["embeddings"])).min() > 0.99999
     for s_got, s_want in zip(got.get("sparse", []), want.get("sparse", []), strict=True):
         assert [e["index"] for e in s_got] == [e["index"] for e in s_want]
-    for v_got, v_want in zip(got.get("multi_vector", []), want.get("multi_vector", []), strict=True):
+    for v_got, v_want in zip(
+        got.get("multi_vector", []), want.get("multi_vector", []), strict=True
+    ):
         assert cosines(np.array(v_got), np.array(v_want)).min() > 0.99999
+
+
+def test_the_automatic_choice_on_a_bf16_cpu_serves_bf16_or_says_why_not(family):
+    """HEADWISE_RUNTIME and HEADWISE_PRECISION left to headwise on a CPU with bf16 units: every
+    family starts (a ColBERT model's token vectors once broke the start's retrieval judge), served
+    by OpenVINO in bf16 with vectors near ONNX Runtime's fp32, or on ONNX Runtime fp32 with
+    the reason (its probe disagrees, or bf16 fails the retrieval gate)."""
+    if not detect().bf16:
+        pytest.skip(f"bf16 needs amx_bf16 or avx512_bf16; this CPU has {detect().describe()}")
+    name, bundle = family
+    manifest, _ = feeds(bundle)
+    if manifest.task != "embed":
+        path, body = "/rerank", {"query": TEXTS[0], "texts": TEXTS, "raw_scores": True}
+        if manifest.task != "rerank":
+            path, body = "/predict", {"inputs": [[TEXTS[0], t] for t in TEXTS], "raw_scores": True}
+    else:
+        path, body = "/encode", {"inputs": TEXTS, "outputs": manifest.outputs}
+    answers, infos = {}, {}
+    for runtime in ("onnxruntime", "auto"):
+        with client_for(bundle, runtime=runtime, precision="auto", calibration_s=0.5) as c:
+            infos[runtime] = c.get("/info").json()
+            r = c.post(path, json=body)
+            assert r.status_code == 200, r.text
+            answers[runtime] = r.json()
+    info = infos["auto"]
+    served = (info["runtime"], info["precision"])
+    if name in DISAGREE:
+        assert served == ("onnxruntime", "fp32") and "disagrees" in info["runtime_reason"]
+        return
+    if served == ("onnxruntime", "fp32"):  # random weights: bf16 may lose their "retrieval"
+        assert "fails the retrieval gate" in info["runtime_reason"], info["runtime_reason"]
+        return
+    assert served == ("openvino", "bf16"), info["runtime_reason"]
+    want, got = answers["onnxruntime"], answers["auto"]
+    if manifest.task != "embed":
+        np.testing.assert_allclose(_scores(got), _scores(want), atol=3e-2, rtol=3e-2)
+        return
+    if "embeddings" in want:
+        assert cosines(np.array(got["embeddings"]), np.array(want["embeddings"])).min() >= 0.999
+    for v_got, v_want in zip(
+        got.get("multi_vector", []), want.get("multi_vector", []), strict=True
+    ):
+        assert cosines(np.array(v_got), np.array(v_want)).min() >= 0.999
 
 
 def _scores(answer) -> np.ndarray:

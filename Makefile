@@ -96,6 +96,7 @@ bench: $(BENCH_STAMP) $(BENCH_BUNDLE)/manifest.json
 	$(BIN)/python -m bench --bundle $(BENCH_BUNDLE)
 	$(BIN)/python -m bench.calibration --bundle $(BENCH_BUNDLE)
 	$(BIN)/python -m bench.runtimes --bundle $(BENCH_BUNDLE)
+	$(BIN)/python -m bench.streams --bundle $(BENCH_BUNDLE)
 	$(BIN)/python -m bench.tracing --bundle $(BENCH_BUNDLE)
 	$(BIN)/python -m bench.transports --bundle $(BENCH_BUNDLE)
 	$(BIN)/python -m bench.pruning --bundle $(BENCH_BUNDLE)

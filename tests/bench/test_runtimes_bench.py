@@ -38,3 +38,32 @@ def test_runtimes_bench_measures_each_path_this_cpu_has(tiny_bundle, tmp_path):
     if not detect().bf16:
         assert any("no bf16 units" in s for s in result["skipped"])
     assert "| openvino | fp32 |" in done.stdout
+    auto = result["auto"]  # what the defaults serve here, said in the report
+    assert (auto["runtime"], auto["precision"]) == (
+        ("openvino", "bf16") if detect().bf16 else ("onnxruntime", "auto")
+    )
+    assert f"serves {auto['runtime']} {auto['precision']}" in done.stdout
+
+
+def test_streams_bench_times_both_ways_of_running_openvino(tiny_bundle, tmp_path):
+    """bench.streams: one request with every thread against streams with asynchronous
+    requests, in each precision this CPU computes."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "bench.streams", "--bundle", str(tiny_bundle),
+            "--texts", "40", "--rounds", "1", "--out", str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "streams.json").read_text())["rows"]
+    ways = {(r["precision"], r["way"]) for r in rows}
+    precisions = ["fp32", "bf16"] if detect().bf16 else ["fp32"]
+    assert ways == {
+        (p, w) for p in precisions for w in ("one request, every thread", "streams, async requests")
+    }
+    one = [r for r in rows if r["way"] == "one request, every thread"]
+    assert all(r["streams"] == 1 and r["requests"] == 1 for r in one)  # what headwise compiles
+    assert all(r["texts_per_s_32"] > 0 and r["short_p50_ms"] > 0 for r in rows)

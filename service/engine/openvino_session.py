@@ -82,6 +82,8 @@ class OpenVinoSession:
         self._inputs = [Port(p.get_any_name()) for p in self.compiled.inputs]
         self._outputs = [Port(p.get_any_name()) for p in self.compiled.outputs]
         self._local = threading.local()
+        self._requests: list[Any] = []  # every thread's (warm)
+        self._lengths = 0  # warm: each request runs one text of every length up to this
 
     def get_inputs(self) -> list[Port]:
         return self._inputs
@@ -96,7 +98,27 @@ class OpenVinoSession:
         request = getattr(self._local, "request", None)
         if request is None:
             request = self._local.request = self.compiled.create_infer_request()
+            self._requests.append(request)
+            self._warm(request)
         return request
+
+    def warm(self, lengths: int) -> None:
+        """Each infer request, now and as each new thread makes its own, runs one text of every
+        length up to `lengths` before it serves. A request's first run at a shape it has not
+        run took 1.5-2x its steady time (on 2 AVX2 cores and on 2 with bf16: 4.6 vs 2.4 ms at
+        11 tokens in bf16), even where another request had run that shape: what is prepared per
+        shape is partly the request's own. 64 lengths take about 0.4 s a request."""
+        self._lengths = lengths
+        for request in self._requests:
+            self._warm(request)
+
+    def _warm(self, request: Any) -> None:
+        names = [i.name for i in self._inputs]
+        for n in range(1, self._lengths + 1):
+            ids = np.full((1, n), 5, dtype=np.int64)
+            request.infer(
+                Batch(ids, np.ones_like(ids)).feeds(names), share_inputs=True, share_outputs=True
+            )
 
     def run(
         self, names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None

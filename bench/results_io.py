@@ -19,7 +19,11 @@ def vector_flags() -> list[str]:
         return []
     flags = re.search(r"^flags\s*:\s*(.+)$", text, flags=re.M)
     return sorted(
-        {f for f in (flags.group(1).split() if flags else []) if re.match(r"avx2$|avx512|amx|avx_vnni", f)}
+        {
+            f
+            for f in (flags.group(1).split() if flags else [])
+            if re.match(r"avx2$|avx512|amx|avx_vnni", f)
+        }
     )
 
 
@@ -35,6 +39,20 @@ def machine() -> dict[str, Any]:
         "cpu_flags": cpu_flags(),
         "when": time.strftime("%Y-%m-%d %H:%M"),
     }
+
+
+def cpu_machine() -> dict[str, Any]:
+    """machine() and the CPU as headwise's runtime choice reads it (model, flags it shows)."""
+    from service.engine.cpu import detect
+
+    cpu = detect()
+    return {**machine(), "cpu_model": cpu.model, "cpu_shown": cpu.shown}
+
+
+def where(m: dict[str, Any]) -> str:
+    """A report's line on a cpu_machine(): cores, CPU, flags, when."""
+    flags = ", ".join(m["cpu_shown"]) or "none"
+    return f"{m['cpus']} cores, {m['cpu_model']}, flags: {flags}; {m['when']}"
 
 
 def save(out: Path, name: str, results: dict[str, Any], report: str) -> None:

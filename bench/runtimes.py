@@ -29,7 +29,7 @@ from bench import corpus
 from bench.baselines import single_call_times
 from bench.int8 import sessions_rates
 from bench.loadgen import build_requests, run_load
-from bench.results_io import machine, save
+from bench.results_io import cpu_machine, save, where
 from bench.server import launch
 from bench.soak import proc_memory
 from service.engine import quality
@@ -194,7 +194,7 @@ def main() -> None:
     cpu = detect()
     auto = choose(Settings(runtime="auto", precision="auto"), cpu, False, available())
     results = {
-        "machine": {**machine(), "cpu_model": cpu.model, "cpu_shown": cpu.shown},
+        "machine": cpu_machine(),
         "bundle": manifest.name,
         "rows": rows,
         "skipped": skipped,
@@ -209,8 +209,7 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         "# Runtimes and precisions on this CPU",
         "",
-        f"{m['cpus']} cores, {m['cpu_model']}, flags: {', '.join(m['cpu_shown']) or 'none'}; "
-        f"{m['when']}; {results['bundle']}, 512 sentences, batches of 32.",
+        f"{where(m)}; {results['bundle']}, 512 sentences, batches of 32.",
         "",
         "| runtime | precision | graph texts/s | vs ORT fp32 | one text p50 (graph) | recall@10 | MRR "
         "| HTTP 1 client | HTTP 32 clients | HTTP 32 vs ORT fp32 | HTTP 32 / graph "

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from bench import corpus
 from bench.baselines import padded
-from bench.results_io import machine, save
+from bench.results_io import cpu_machine, save, where
 from service.engine.cpu import detect
 from service.engine.openvino_session import PRECISIONS
 from service.manifest import Manifest
@@ -120,7 +120,7 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         rows[key]["short_p50_ms"] = statistics.median(times) * 1e3
     results = {
-        "machine": {**machine(), "cpu_model": cpu.model, "cpu_shown": cpu.shown},
+        "machine": cpu_machine(),
         "bundle": manifest.name,
         "openvino": str(openvino.get_version()).split("-")[0],
         "rows": list(rows.values()),
@@ -133,8 +133,7 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         "# OpenVINO: one request with every thread, or streams",
         "",
-        f"{m['cpus']} cores, {m['cpu_model']}, flags: {', '.join(m['cpu_shown']) or 'none'}; "
-        f"{m['when']}; OpenVINO {results['openvino']}; {results['bundle']}.",
+        f"{where(m)}; OpenVINO {results['openvino']}; {results['bundle']}.",
         "",
         "| precision | how | streams / requests | texts/s, batches of 32 | texts/s, batches of 4 "
         "| one text p50 |",

@@ -31,9 +31,8 @@ from tokenizers import Tokenizer
 from bench import corpus
 from bench.int8 import sessions_rates
 from bench.loadgen import build_requests, run_load
-from bench.results_io import machine, save
+from bench.results_io import cpu_machine, save, where
 from bench.server import launch
-from service.engine.cpu import detect
 from service.engine.sessions import build_session
 from service.manifest import Manifest
 
@@ -141,9 +140,8 @@ def main() -> None:
                 "pairs": q.pairs,
             }
         rows.append(row)
-    cpu = detect()
     results = {
-        "machine": {**machine(), "cpu_model": cpu.model, "cpu_shown": cpu.shown},
+        "machine": cpu_machine(),
         "bundle": base.name,
         "gate": GATE,
         "rows": rows,
@@ -177,8 +175,7 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         "# Pruned all-MiniLM-L6-v2 against the unpruned bundle",
         "",
-        f"{m['cpus']} cores, {m['cpu_model']}, flags: {', '.join(m['cpu_shown']) or 'none'}; "
-        f"{m['when']}; 512 sentences (graph: batches of 32; HTTP: 32 clients, one text a "
+        f"{where(m)}; 512 sentences (graph: batches of 32; HTTP: 32 clients, one text a "
         f"request); retrieval on {rows[1].get('pairs', '?')} held-out docstring pairs.",
         "",
         "| setting | heads removed | FFN neurons removed | multiply-adds (128 tokens) | graph texts/s "

@@ -148,11 +148,19 @@ def probe_batch(manifest: Manifest) -> Batch:
 def probe_of(specials: SpecialTokens, vocab_size: int, max_length: int) -> Batch:
     """probe_batch before there is a manifest (export judging OpenVINO's int8 graph by it)."""
     rng = np.random.default_rng(0)
-    low = max(specials.cls or 0, specials.sep or 0, specials.pad) + 1
-    lengths = [min(max_length, 160), 7, 33, 2]
+    special = [t for t in (specials.cls, specials.sep, specials.pad) if t is not None]
+    low = max(special) + 1
+    others = np.setdiff1d(np.arange(vocab_size), special)
+
+    def draw(n: int) -> list[int]:
+        """Ids past the special tokens; where those end the vocabulary (CLIP's), any other."""
+        ids = rng.integers(low, vocab_size, size=n) if low < vocab_size else rng.choice(others, n)
+        return [int(i) for i in ids]
+
+    lengths = [min(max_length, n) for n in (160, 7, 33, 2)]  # within its positions
     sequences = []
     for n in lengths:
-        ids = rng.integers(low, vocab_size, size=n).tolist()
+        ids = draw(n)
         if specials.cls is not None and n > 2:
             ids[0] = specials.cls
         if specials.sep is not None and n > 2:

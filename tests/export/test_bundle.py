@@ -56,7 +56,10 @@ def test_manifest_describes_the_bundle(tiny_bundle):
     m = json.loads((tiny_bundle / "manifest.json").read_text())
     assert (m["num_layers"], m["num_heads"], m["d_model"], m["max_length"]) == (2, 4, 32, 48)
     assert m["pooling"] == "mean" and m["opset"] == 17
-    assert set(m["graphs"]) == {"encoder", "attention", "encoder_fp16", "encoder_int8"}
+    asked = {"encoder", "attention", "encoder_fp16", "encoder_int8"}
+    # OpenVINO's own int8 graph ships only where it passes its checks on the exporting CPU: on
+    # random weights it did with AVX-512 VNNI, not on AVX2 (export/openvino_int8.py).
+    assert asked <= set(m["graphs"]) <= asked | {"encoder_int8_openvino"}
     for g in m["graphs"].values():
         assert g["sha256"] == sha256_file(tiny_bundle / g["file"])
         assert g["parity"]["texts"] == len(verify.PROBE_TEXTS)

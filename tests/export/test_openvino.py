@@ -267,3 +267,26 @@ def test_every_threads_infer_request_runs_the_short_lengths_before_it_serves(tin
     main = threading.get_ident()
     assert [(t == main, n) for t, n in warmed] == [(True, 0), (True, 5), (False, 5)]
     np.testing.assert_allclose(out[0], before, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("cls", "sep", "pad", "vocab", "length"),
+    [
+        (101, 102, 0, 800, 512),  # BERT: specials low in the vocabulary
+        (49406, 49407, 49407, 49408, 16),  # CLIP's specials end it; a tiny model's 16 positions
+        (None, 1, 0, 50, 77),  # a pad at 0 and an end token
+    ],
+)
+def test_the_start_probe_fits_any_vocabulary_and_any_length(cls, sep, pad, vocab, length):
+    """The probe that start-up (and export's OpenVINO int8) runs: every id a real one that is
+    not special, every sequence within the model's positions (CLIP's export failed on both)."""
+    from service.engine.openvino_session import probe_of
+    from service.manifest import SpecialTokens
+
+    batch = probe_of(SpecialTokens(cls=cls, sep=sep, pad=pad), vocab, length)
+    real = batch.attention_mask.astype(bool)
+    ids = batch.input_ids[real]
+    assert batch.input_ids.shape[1] <= length and (ids < vocab).all() and (ids >= 0).all()
+    inner = batch.input_ids[:, 1:-1][real[:, 1:-1] & real[:, 2:]]  # not first, not last
+    assert not set(inner.tolist()) & {t for t in (cls, sep, pad) if t is not None}
+    assert len(set(real.sum(1).tolist())) > 1  # lengths differ: some rows padded

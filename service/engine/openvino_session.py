@@ -150,11 +150,13 @@ def probe_of(specials: SpecialTokens, vocab_size: int, max_length: int) -> Batch
     rng = np.random.default_rng(0)
     special = [t for t in (specials.cls, specials.sep, specials.pad) if t is not None]
     low = max(special) + 1
-    others = np.setdiff1d(np.arange(vocab_size), special)
 
     def draw(n: int) -> list[int]:
         """Ids past the special tokens; where those end the vocabulary (CLIP's), any other."""
-        ids = rng.integers(low, vocab_size, size=n) if low < vocab_size else rng.choice(others, n)
+        if low < vocab_size:
+            ids = rng.integers(low, vocab_size, size=n)
+        else:
+            ids = rng.choice(np.setdiff1d(np.arange(vocab_size), special), n)
         return [int(i) for i in ids]
 
     lengths = [min(max_length, n) for n in (160, 7, 33, 2)]  # within its positions

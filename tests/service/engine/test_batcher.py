@@ -481,3 +481,114 @@ def test_a_sequences_own_mask_reaches_the_backend_and_same_length_variants_share
     sums, batches = run(main())
     assert sums == [9, 7, 6, 5]  # each variant's sum of the ids its mask keeps
     assert batches == [(1, 1), (4, 3)]  # the four variants: one batch, no padding
+
+
+# Several streams (OpenVINO's): `concurrency` batches computed at once, each on its own thread.
+
+
+class Streams:
+    """A fake session of several streams: every batch waits at a barrier of `parties`, so the
+    test passes only when that many batches are computed at the same time."""
+
+    def __init__(self, parties: int) -> None:
+        self.barrier = threading.Barrier(parties, timeout=10)
+        self.threads: set[int] = set()
+        self.batches = 0
+
+    def __call__(self, batch: Batch):
+        self.threads.add(threading.get_ident())
+        self.batches += 1
+        self.barrier.wait()  # BrokenBarrierError (a failed batch) unless `parties` run at once
+        return (batch.input_ids * batch.attention_mask).sum(1)
+
+
+def test_a_batcher_of_two_streams_computes_two_batches_at_once_on_two_threads():
+    async def main():
+        infer = Streams(2)
+        b = DynamicBatcher(infer, BatchPolicy(max_batch_size=1, max_wait_s=0.0), concurrency=2)
+        b.start()
+        items = b.submit(seqs(3, 3, 3, 3), soon(5))
+        results = await asyncio.gather(*(it.future for it in items))
+        await b.stop()
+        return infer, results
+
+    infer, results = run(main())
+    assert [int(r) for r in results] == [3, 6, 9, 12]  # each its own caller's
+    assert infer.batches == 4 and len(infer.threads) == 2
+
+
+def test_one_stream_computes_one_batch_at_a_time():
+    """The same fake with one stream: the second batch never starts beside the first, so the
+    barrier of two breaks and the batch fails (the worker carries on)."""
+
+    async def main():
+        infer = Streams(2)
+        infer.barrier = threading.Barrier(2, timeout=0.5)
+        b = DynamicBatcher(infer, BatchPolicy(max_batch_size=1, max_wait_s=0.0))
+        b.start()
+        items = b.submit(seqs(3, 3), soon(5))
+        await asyncio.gather(*(it.future for it in items), return_exceptions=True)
+        await b.stop()
+        return items
+
+    items = run(main())
+    assert all(isinstance(it.future.exception(), InferenceFailed) for it in items)
+
+
+def test_no_more_batches_run_at_once_than_the_streams():
+    async def main():
+        rec = Recorder()
+        rec.gate.clear()  # every batch that reaches the backend is held there
+        b = DynamicBatcher(rec, BatchPolicy(max_batch_size=1, max_wait_s=0.0), concurrency=2)
+        b.start()
+        items = b.submit(seqs(2, 2, 2), soon(5))
+        await rec.wait_entered()
+        for _ in range(20):  # the loop's turns: a third batch would be taken now
+            await asyncio.sleep(0)
+        taken = b.depth
+        rec.gate.set()
+        await asyncio.gather(*(it.future for it in items))
+        await b.stop()
+        return taken
+
+    assert run(main()) == 1  # two batches taken (running), the third still queued
+
+
+def test_stop_waits_for_every_stream_s_batch():
+    async def main():
+        infer = Streams(2)
+        b = DynamicBatcher(infer, BatchPolicy(max_batch_size=1, max_wait_s=0.0), concurrency=2)
+        b.start()
+        items = b.submit(seqs(2, 2), soon(5))
+        await b.stop()
+        return items
+
+    assert all(it.future.done() and not it.future.exception() for it in run(main()))
+
+
+def test_predictions_on_streams_stay_one_batch_after_another():
+    """A stated rate of 100 tokens/s: a 10-token batch costs 0.1 s. Four batches cost 0.4 s on
+    two streams as on one (two at once drain faster, by how much the cores decide: admission
+    keeps to the safe side), and the backlog counts each running batch's own remaining time."""
+
+    async def main():
+        rate = CostModel(fixed_tokens_per_s=100)
+        policy = BatchPolicy(max_batch_size=1, max_wait_s=0.0)
+        one = DynamicBatcher(Recorder(), policy, cost=rate)
+        rec = Recorder()
+        rec.gate.clear()
+        two = DynamicBatcher(rec, policy, cost=rate, concurrency=2)
+        two.start()
+        items = two.submit(seqs(10, 10, 10), soon(5))
+        await rec.wait_entered()
+        for _ in range(20):  # two batches taken, the third queued
+            await asyncio.sleep(0)
+        backlog = two.backlog_s()
+        rec.gate.set()
+        await asyncio.gather(*(it.future for it in items))
+        await two.stop()
+        return one.predict([10] * 4), two.predict([10] * 4), backlog
+
+    one, two, backlog = run(main())
+    assert one == pytest.approx(0.4) and two == pytest.approx(0.4)
+    assert 0.2 < backlog <= 0.3  # the queued 0.1 s and what is left of the two running

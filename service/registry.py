@@ -202,6 +202,11 @@ class Model:
         attention = self.attention.batchers if self.attention else []
         return [b for b in self.batchers if b not in attention]
 
+    @property
+    def batches_at_once(self) -> int:
+        """The serving graph's batches that may be held at once: its batchers' streams."""
+        return sum(b.concurrency for b in self.serving_batchers)
+
 
 def build_model(
     name: str,
@@ -219,9 +224,10 @@ def build_model(
     main, long_lane = session_cost(settings, backend), session_cost(settings, backend)
 
     def batcher(
-        infer: Infer, path: str, lane: bool = False, pad: int | None = None
+        infer: Infer, path: str, lane: bool = False, pad: int | None = None, streams: int = 1
     ) -> DynamicBatcher:
-        """pad: the id batches are padded with (default the tokenizer's)."""
+        """pad: the id batches are padded with (default the tokenizer's); streams: batches its
+        session computes at once."""
         policy = batch_policy(settings, backend.inline and not lane)
         vocabulary = vocabulary_batch_tokens(manifest, settings)  # SPLADE's logits are wide
         policy.max_batch_tokens = min(policy.max_batch_tokens, vocabulary)
@@ -236,20 +242,24 @@ def build_model(
             nice=19 if lane else 0,
             cost=long_lane if lane else main,
             device=admission.device,
+            concurrency=1 if lane else streams,
         )
         model.batchers.append(b)
         admission.batchers.append(b)
         return b
 
     def intake(
-        infer: Infer, path: str, long_infer: Infer | None = None, pad: int | None = None
+        infer: Infer,
+        path: str,
+        long_infer: Infer | None = None,
+        pad: int | None = None,
+        streams: int = backend.streams,  # the serving session's (the vision tower's: 1)
     ) -> Intake:
         long = None
         if backend.long_tokens and long_infer is not None:
             long = batcher(long_infer, f"{path}_long", lane=True, pad=pad)
-        return Intake(
-            batcher(infer, path, pad=pad), admission, metrics, path, name, long, backend.long_tokens
-        )
+        main_lane = batcher(infer, path, pad=pad, streams=streams)
+        return Intake(main_lane, admission, metrics, path, name, long, backend.long_tokens)
 
     if manifest.task == "embed":
         tokens = None
@@ -291,7 +301,7 @@ def build_model(
     if manifest.vision is not None:
         # The vision tower: a batcher of its own (its cost is its own session's), its images
         # all one length (the tower's tokens), calibrated at that length.
-        images = intake(backend.run_images, "encode_images")
+        images = intake(backend.run_images, "encode_images", streams=1)
         model.images = ImagePipeline(backend, images, settings)
         length = manifest.vision.tokens
         model.calibrations.append(Calibration(images.batcher, length, length))
@@ -562,7 +572,7 @@ class Registry:
                 m.name,
                 m.backend.manifest,
                 m.backend.info.graph,
-                len(m.serving_batchers),
+                m.batches_at_once,
                 m.attention is not None,
                 self.settings,
             )
@@ -574,11 +584,11 @@ class Registry:
         graphs' bytes (in warm) and the limit it must fit (0: none known)."""
         s = self.settings
         extra = sum(
-            outputs_bytes(m.backend.manifest, s, len(m.serving_batchers)) for m in self
+            outputs_bytes(m.backend.manifest, s, m.batches_at_once) for m in self
         )
         graphs = [
             (
-                len(m.serving_batchers),
+                m.batches_at_once,
                 m.backend.manifest.max_length,
                 m.backend.manifest.d_model,
                 m.backend.manifest.num_heads,

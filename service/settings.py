@@ -63,6 +63,13 @@ class Settings(BaseSettings):
         "than fp32 on OpenVINO is judged at start against fp32: recall@10 and MRR within 0.5 point",
     )
     threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = one per core")
+    openvino_streams: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="batches OpenVINO computes at once, each on its share of the cores: more "
+        "texts/s under load, a lone text slower (bench/streams.py); 1: one batch with every core",
+    )
     spinning: bool = Field(True, description="let ORT threads spin between runs (one session only)")
     inline_max_tokens: int = Field(
         64,

@@ -77,6 +77,7 @@ def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
         "device": runtime.device,
         "graph": runtime.graph,
         "precision": runtime.precision,
+        "streams": model.backend.streams,  # batches computed at once (OpenVINO's streams)
         "fused": m.graphs[runtime.graph].fused,
         "unfused_reason": m.graphs[runtime.graph].unfused_reason,
         "fused_ops": m.graphs[runtime.graph].op_counts,
@@ -161,6 +162,9 @@ class ServedModel(BaseModel):
     runtime: str = Field(description="onnxruntime or openvino: what runs the serving graph")
     runtime_reason: str = Field(description="why this runtime and precision, on this CPU")
     precision: str = Field(description="what computes: fp32, fp16, bf16, int8")
+    streams: int = Field(
+        1, description="batches the serving graph computes at once (HEADWISE_OPENVINO_STREAMS)"
+    )
     pruning: Pruning | None = Field(
         None, description="a pruned bundle: what `headwise export --prune-*` removed, its gate"
     )

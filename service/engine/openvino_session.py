@@ -8,7 +8,14 @@ BiasGelu) and compiles it for this CPU: in bf16 on AMX or AVX-512-BF16 units whe
 bf16 is asked, so the precision a session reports is the compiled model's own, read back after
 compiling, never the one asked for.
 
-One compiled model, one infer request per calling thread (a batcher's inference thread, the long
+One compiled model: with one stream and every thread by default (one batch at a time, the lowest
+latency of one text), or with `streams` streams, each on its share of the cores (the batcher then
+runs that many batches at once, one per thread). Under load on 2 cores two batches at once beat
+one with both threads: the threads of one run wait for each other at every op, and the server's
+own request handling keeps taking one of them away. A text alone is slower on one stream's share
+(bench/streams.py measures both). A second compile to run lone batches with every thread, beside
+the streams' (tried), kept one text's latency but lost most of the gain: the lone batch and the
+next one overlapped on three threads. One infer request per calling thread (a batcher's inference thread, the long
 lane's, warm-up's): a request's output buffers are reused by its next run, so each output asked
 for is copied out, and only those (the graph computes the token states too; copying them on
 every run would cost megabytes a batch).
@@ -60,22 +67,25 @@ class Port:
 
 
 class OpenVinoSession:
-    def __init__(self, path: Path | str, precision: str = "fp32", threads: int = 0) -> None:
+    def __init__(
+        self, path: Path | str, precision: str = "fp32", threads: int = 0, streams: int = 1
+    ) -> None:
         """precision: fp32 or bf16 (asked; `precision` is what was compiled), or int8 (an NNCF
         graph). threads: 0 = the plugin's choice (every core), else that many (the long
-        lane's one)."""
+        lane's one). streams: batches run at once (1: one with every thread)."""
         import openvino
 
         core = openvino.Core()
         model = core.read_model(str(path))
-        config: dict[str, Any] = {
-            # One stream with every thread: the batcher runs one batch at a time per session.
-            "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
-        }
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": PRECISIONS[precision]}
+        if streams > 1:  # the threads shared among the streams
+            config |= {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": streams}
+        else:  # one stream with every thread: the batcher runs one batch at a time
+            config["PERFORMANCE_HINT"] = "LATENCY"
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
         self.compiled = core.compile_model(model, "CPU", config)
+        self.streams = int(self.compiled.get_property("NUM_STREAMS"))
         # A Type, not a string: str() of it reads "<Type: 'bfloat16'>".
         bf16 = self.compiled.get_property("INFERENCE_PRECISION_HINT") == openvino.Type.bf16
         self.precision = "int8" if precision == "int8" else "bf16" if bf16 else "fp32"

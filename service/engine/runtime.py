@@ -67,6 +67,8 @@ class Backend(Protocol):
     # Its runs take the time the machine takes for them, so warm-up can time them (a test's
     # fake backend, gated by the test, cannot be).
     measurable: bool
+    # Batches its serving session computes at once (OpenVINO's streams; 1 elsewhere).
+    streams: int
 
     def tokenize(
         self, texts: list[str], add_special_tokens: bool = True, direction: Side = "right"
@@ -205,6 +207,7 @@ class OnnxBackend:
         self.info = RuntimeInfo(used, graph, computes, choice.runtime, choice.reason)
         self.inline = self.info.device == "cpu"
         self.measurable = True
+        self.streams = getattr(self.session, "streams", 1)
         # The long lane: one thread, no spinning, run at the lowest CPU priority by its batcher,
         # so that one long input cannot hold short ones back for seconds (a second copy of the
         # graph's weights; only for models whose inputs can be long). On a GPU runs are queued
@@ -267,7 +270,9 @@ class OnnxBackend:
         OpenVINO reads differently is served right, on the runtime it was exported for)."""
         path = bundle.graph_path(graph)
         try:
-            session = OpenVinoSession(path, choice.precision, settings.threads)
+            session = OpenVinoSession(
+                path, choice.precision, settings.threads, settings.openvino_streams
+            )
         except Exception as exc:  # OpenVINO raises RuntimeError and its own kinds
             failed = f"OpenVINO cannot compile {path.name} ({str(exc).splitlines()[0][:200]})"
         else:

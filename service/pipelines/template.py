@@ -223,6 +223,7 @@ class TemplatedBackend:
         self.token_output = backend.token_output
         self.inline = backend.inline
         self.measurable = backend.measurable
+        self.streams = backend.streams
         self.long_tokens = backend.long_tokens
 
     def tokenize(

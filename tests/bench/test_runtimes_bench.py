@@ -51,14 +51,15 @@ def test_streams_bench_times_both_ways_of_running_openvino(tiny_bundle, tmp_path
     done = subprocess.run(
         [
             sys.executable, "-m", "bench.streams", "--bundle", str(tiny_bundle),
-            "--texts", "40", "--rounds", "1", "--out", str(tmp_path),
+            "--texts", "40", "--rounds", "1", "--http-rounds", "2", "--out", str(tmp_path),
         ],
         capture_output=True,
         text=True,
         timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads((tmp_path / "streams.json").read_text())["rows"]
+    results = json.loads((tmp_path / "streams.json").read_text())
+    rows = results["rows"]
     ways = {(r["precision"], r["way"]) for r in rows}
     precisions = ["fp32", "bf16"] if detect().bf16 else ["fp32"]
     assert ways == {
@@ -67,3 +68,10 @@ def test_streams_bench_times_both_ways_of_running_openvino(tiny_bundle, tmp_path
     one = [r for r in rows if r["way"] == "one request, every thread"]
     assert all(r["streams"] == 1 and r["requests"] == 1 for r in one)  # what headwise compiles
     assert all(r["texts_per_s_32"] > 0 and r["short_p50_ms"] > 0 for r in rows)
+    # ... and inside the server: one stream and two (and half the cores), every request answered
+    http = {(r["precision"], r["streams"]): r for r in results["http"]}
+    assert {(p, 1) for p in precisions} | {(p, 2) for p in precisions} <= set(http)
+    assert all(r["errors"] == 0 and r["texts_per_s_32_clients"] > 0 for r in http.values())
+    assert all(len(r["throughput_ratios"]) == 2 for r in http.values())  # a ratio a round
+    assert all(r["throughput_ratios"] == [1.0, 1.0] for (_, n), r in http.items() if n == 1)
+    assert "## In the server" in (tmp_path / "streams.md").read_text()

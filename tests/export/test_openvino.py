@@ -290,3 +290,60 @@ def test_the_start_probe_fits_any_vocabulary_and_any_length(cls, sep, pad, vocab
     inner = batch.input_ids[:, 1:-1][real[:, 1:-1] & real[:, 2:]]  # not first, not last
     assert not set(inner.tolist()) & {t for t in (cls, sep, pad) if t is not None}
     assert len(set(real.sum(1).tolist())) > 1  # lengths differ: some rows padded
+
+
+def test_a_server_on_two_openvino_streams_answers_many_clients_as_one_stream_does(default_bundle):
+    """HEADWISE_OPENVINO_STREAMS=2: two batches computed at once (each on its own stream and
+    thread); 24 requests sent together get the same vectors as on one stream, /info says how
+    many streams serve, and the memory bound counts a batch per stream."""
+    import concurrent.futures
+
+    texts = [f"{t} ({k})" for k in range(4) for t in TEXTS]
+    answers, batches = {}, {}
+    for streams in (1, 2):
+        with client_for(
+            default_bundle, runtime="openvino", precision="fp32", openvino_streams=streams,
+            max_batch_size=2, calibration_s=0.5,
+        ) as c:  # fmt: skip
+            info = c.get("/info").json()
+            model = info["models"][0]
+            assert (model["runtime"], model["streams"]) == ("openvino", streams)
+            batches[streams] = info["memory"]["encode_batches_bytes"]
+
+            def one(text: str) -> list[float]:
+                r = c.post("/encode", json={"inputs": [text]})
+                assert r.status_code == 200, r.text
+                return r.json()["embeddings"][0]
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                answers[streams] = np.array(list(pool.map(one, texts)))
+    assert cosines(answers[2], answers[1]).min() > 0.99999
+    assert batches[2] == 2 * batches[1]  # the memory bound holds two batches a batcher
+
+
+def test_a_session_of_two_streams_runs_two_threads_at_once_with_one_streams_vectors(tiny_bundle):
+    """OpenVinoSession(streams=2) compiles two streams (the batcher then runs two batches at
+    once, one per thread); runs from two threads together give one stream's vectors."""
+    import concurrent.futures
+    import threading
+
+    session = OpenVinoSession(tiny_bundle / "encoder.onnx", streams=2)
+    one = OpenVinoSession(tiny_bundle / "encoder.onnx")
+    assert (session.streams, one.streams) == (2, 1)
+    ids = np.array([[101, 7592, 2088, 102], [101, 7592, 102, 0]], np.int64)
+    names = [i.name for i in session.get_inputs()]
+    feeds = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+    if "token_type_ids" in names:
+        feeds["token_type_ids"] = np.zeros_like(ids)
+    want = one.run(None, feeds)[0]
+    together = threading.Barrier(2, timeout=30)  # each run starts with the other thread's
+
+    def run(_: int) -> np.ndarray:
+        together.wait()
+        return session.run(None, feeds)[0]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(run, range(8)))
+    assert len(session._requests) == 2  # one infer request a thread
+    for out in got:
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

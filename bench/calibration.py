@@ -114,7 +114,9 @@ def model(name: str, bundle: Path, s: Settings) -> dict[str, Any]:
     if backend.long_tokens:
         lanes["long"] = session(backend.run_long, m.max_length, backend.long_tokens, True, token, s)
     log.info("%s: %s", name, {k: (v["p50_error"], v["p90_error"]) for k, v in lanes.items()})
-    return {"max_length": m.max_length, "lanes": lanes}
+    # What runs it here (the automatic choice: OpenVINO bf16 on a CPU with bf16 units).
+    runs_on = f"{backend.info.runtime} {backend.info.precision}"
+    return {"max_length": m.max_length, "lanes": lanes, "runs_on": runs_on}
 
 
 def report(results: dict[str, Any]) -> str:
@@ -126,14 +128,15 @@ def report(results: dict[str, Any]) -> str:
         f"{results['calibration_s']:g} s a session), then each shape of a grid timed (median of "
         "3 to 9 runs) and predicted.",
         "",
-        "| model | session | lengths served | longest measured | calibration took | shapes predicted | p50 error | p90 error |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| model | runs on | session | lengths served | longest measured | calibration took | shapes predicted | p50 error | p90 error |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, r in results["models"].items():
         for lane, v in r["lanes"].items():
             lo, hi = v["lengths"]
             lines.append(
-                f"| {name} | {lane} | {lo}-{hi} | {max(c[1] for c in v['calibration'])} | "
+                f"| {name} | {r.get('runs_on', '')} | {lane} | {lo}-{hi} | "
+                f"{max(c[1] for c in v['calibration'])} | "
                 f"{v['calibration_s']:.1f} s | "
                 f"{len(v['held_out'])} | {100 * v['p50_error']:.1f} % | {100 * v['p90_error']:.1f} % |"
             )

@@ -1,8 +1,9 @@
 """python -m bench.streams --bundle B: how OpenVINO should run a serving graph on this CPU.
 
 One infer request with every thread (PERFORMANCE_HINT LATENCY: what headwise's OpenVinoSession
-compiles by default, the batcher running one batch at a time) against OpenVINO's streams with asynchronous
-infer requests (THROUGHPUT: as many streams and requests as OpenVINO finds optimal here), in fp32
+compiles by default, the batcher running one batch at a time) against OpenVINO's streams with
+asynchronous infer requests (THROUGHPUT: as many streams and requests as OpenVINO finds optimal
+here), in fp32
 and, where the CPU has bf16 units, bf16: texts/s on length-sorted batches of 32 and of 4 (rounds
 interleaved), and one short text's p50 latency.
 

@@ -242,7 +242,7 @@ def build_model(
             nice=19 if lane else 0,
             cost=long_lane if lane else main,
             device=admission.device,
-            concurrency=1 if lane else streams,
+            concurrency=streams,
         )
         model.batchers.append(b)
         admission.batchers.append(b)

@@ -102,8 +102,7 @@ class DynamicBatcher:
         self.device = device if device is not None else Device()
         # The batches being computed: (predicted seconds, when they began), by ticket.
         self._running: dict[int, tuple[float, float]] = {}
-        self._slot = asyncio.Event()  # a batch ended: another may begin (concurrency > 1)
-        self._runs: set[asyncio.Task[None]] = set()
+        self._runs: set[asyncio.Task[None]] = set()  # its batches' tasks (concurrency > 1)
 
     @property
     def depth(self) -> int:
@@ -308,14 +307,9 @@ class DynamicBatcher:
                 continue
             run = loop.create_task(self._run(loop, batch))
             self._runs.add(run)
-            run.add_done_callback(self._ended)
-            while len(self._runs) >= self.concurrency:  # every stream busy: wait for one
-                self._slot.clear()
-                await self._slot.wait()
-
-    def _ended(self, run: asyncio.Task[None]) -> None:
-        self._runs.discard(run)
-        self._slot.set()
+            run.add_done_callback(self._runs.discard)
+            if len(self._runs) >= self.concurrency:  # every stream busy: wait for one
+                await asyncio.wait(set(self._runs), return_when=asyncio.FIRST_COMPLETED)
 
     def _inline(self, padded: Batch) -> bool:
         """Small, and nobody else waiting for the loop's attention or the backend."""

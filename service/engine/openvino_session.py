@@ -15,10 +15,10 @@ one with both threads: the threads of one run wait for each other at every op, a
 own request handling keeps taking one of them away. A text alone is slower on one stream's share
 (bench/streams.py measures both). A second compile to run lone batches with every thread, beside
 the streams' (tried), kept one text's latency but lost most of the gain: the lone batch and the
-next one overlapped on three threads. One infer request per calling thread (a batcher's inference thread, the long
-lane's, warm-up's): a request's output buffers are reused by its next run, so each output asked
-for is copied out, and only those (the graph computes the token states too; copying them on
-every run would cost megabytes a batch).
+next one overlapped on three threads. One infer request per calling thread (a batcher's
+inference thread, the long lane's, warm-up's): a request's output buffers are reused by its
+next run, so each output asked for is copied out, and only those (the graph computes the token
+states too; copying them on every run would cost megabytes a batch).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@
   cannot crowd out real clients; when every connection is busy, the new one's requests are
   marked for 503 as above. Liveness (`/health`) is answered whatever the marks say: an
   orchestrator must not kill a healthy pod for other people's sockets.
+- A response's head and body leave in one write (`Coalescing`): uvicorn writes them apart, two
+  TCP segments on a no-delay socket, and the client is woken for a head without its body.
 
 uvicorn's internals are not a stable API: this subclass is pinned to the versions tested
 (pyproject.toml) and `tests/service/http/test_protocol.py` drives it with real sockets.
@@ -57,6 +59,41 @@ def _plain_response(status: int, reason: str, message: str) -> bytes:
     )
 
 
+class Coalescing:
+    """A transport whose writes in one turn of the loop leave together.
+
+    A write is held until the next write (both then go as one) or the end of the loop's turn,
+    whichever is first; closing sends what is held first. At most one write is held, so a
+    stream that writes without yielding still meets the transport's flow control. Everything
+    else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            self._held = bytes(data)
+            self._loop.call_soon(self.flush)
+            return
+        data, self._held = self._held + data, None
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._held is not None:
+            data, self._held = self._held, None
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class GuardedProtocol(HttpToolsProtocol):
     limits: ClassVar[Limits] = Limits()
 
@@ -72,7 +109,7 @@ class GuardedProtocol(HttpToolsProtocol):
     # --- connection life ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(Coalescing(transport, self.loop))  # type: ignore[arg-type]
         self.idle_since = time.monotonic()
         self._arm_header_timer()
         if len(self.connections) > self.limits.max_connections:

@@ -3,6 +3,7 @@ against a real uvicorn server in this process (fake backends: a test holds a bat
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import resource
 import socket
@@ -18,7 +19,7 @@ import uvicorn
 
 from bench.server import free_port
 from service.http.app import create_app
-from service.http.protocol import Limits, guarded
+from service.http.protocol import Coalescing, Limits, guarded
 from service.settings import Settings
 from tests.service.fakes import FakeBackend, fake_loader, fake_manifest
 from tests.waiting import until
@@ -102,6 +103,78 @@ def test_a_large_body_sharing_the_headers_read_is_not_mistaken_for_headers():
     with running(Limits(max_header_bytes=4096)) as srv:
         r = httpx.post(f"{srv.url}/encode", json={"inputs": ["the cat " * 2000]})
         assert r.status_code == 200
+
+
+@pytest.mark.slow
+def test_a_response_head_and_body_arrive_in_one_read(tiny_bundle, tmp_path):
+    """uvicorn writes a response's head and body apart; the client's first read must find both
+    (two segments on a no-delay socket wake the client for a head without its body). The
+    server in its own process: one in this one would hold the GIL between the two writes."""
+    from tests.live import serve
+
+    request = b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    body = b'{"inputs": ["the cat"]}'
+    request += b"Content-Length: %d\r\n\r\n" % len(body) + body
+    with serve(tiny_bundle, tmp_path) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.settimeout(10)
+            for _ in range(100):  # kept alive: each answer read with one recv as it first arrives
+                sock.sendall(request)
+                first = sock.recv(1 << 20)
+                head, _, got = first.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200"), first[:200]
+                length = next(
+                    int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )  # fmt: skip
+                assert len(got) == length > 0, (len(got), length)
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info:{name}"
+
+
+def test_writes_of_one_loop_turn_leave_together_and_closing_sends_what_is_held():
+    async def main() -> list[list[bytes]]:
+        seen = []
+        t = Transport()
+        c = Coalescing(t, asyncio.get_running_loop())  # type: ignore[arg-type]
+        c.write(b"head")
+        c.write(b"body")  # the second write sends both at once
+        seen.append(list(t.writes))
+        c.write(b"alone")
+        seen.append(list(t.writes))  # held ...
+        await asyncio.sleep(0)
+        seen.append(list(t.writes))  # ... until the loop's turn ends
+        c.write(b"last")
+        c.close()  # sent before the close
+        seen.append(list(t.writes))
+        assert t.closed and c.is_closing() and c.get_extra_info("peername") == "info:peername"
+        c.write(b"late")
+        await asyncio.sleep(0)  # written after the close: dropped, as the transport would
+        seen.append(list(t.writes))
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen[0] == [b"headbody"]
+    assert seen[1] == [b"headbody"]
+    assert seen[2] == [b"headbody", b"alone"]
+    assert seen[3] == seen[4] == [b"headbody", b"alone", b"last"]
 
 
 def test_idle_connections_do_not_count_against_the_request_limit():

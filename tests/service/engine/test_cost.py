@@ -14,7 +14,9 @@ from service.engine.calibrate import measure, shapes
 from service.engine.cost import MIN_REFIT_GAP_S, REFIT, CostModel, Device, Fit, Sample, fit
 from tests.service.engine.test_batcher import Recorder, held, run, seqs, soon, started
 
-RECORDED = Path(__file__).resolve().parents[3] / "bench/results/calibration.json"
+RESULTS = Path(__file__).resolve().parents[3] / "bench/results"
+RECORDED = RESULTS / "calibration.json"  # AVX2, 2026-12-03
+RECORDINGS = [RECORDED, RESULTS / "calibration-bf16.json"]  # and a Zen 4 with bf16, 2026-12-04
 TRUE = Fit(0.002, 2e-4, 3e-7)
 
 
@@ -148,6 +150,25 @@ def test_a_recorded_calibration_predicts_the_batches_it_never_ran():
             errors = [abs(cost.seconds(r, n) / t - 1) for r, n, t in record["held_out"]]
             assert float(np.percentile(errors, 50)) <= 0.10, (name, lane, sorted(errors)[-5:])
             assert float(np.percentile(errors, 90)) <= 0.25, (name, lane, sorted(errors)[-5:])
+
+
+@pytest.mark.parametrize("recording", RECORDINGS, ids=lambda p: p.stem)
+def test_once_it_has_served_half_a_recorded_grid_it_predicts_the_other_half(recording):
+    """On a shared VM a whole session's batches can run 17 % slower a minute after its
+    calibration (the bf16 recording's BERT shape: p90 29.4 % from the calibration alone). The
+    batches a server runs refine its cost: once every other shape of the grid has been served
+    (observed as batches that ran alone), the others are predicted within 25 % at p90, every
+    session of both CPUs' recordings (worst 23.3 %: a long lane of 3 predicted shapes; 21.3 % on
+    bf16), and within 12 % at p50 (a long lane's 1-3 shapes 11.5 %, the rest 1-8 %)."""
+    from bench.calibration import after_serving
+
+    if not recording.exists():
+        pytest.skip(f"no {recording.name} (python -m bench.calibration)")
+    for name, model in json.loads(recording.read_text())["models"].items():
+        for lane, record in model["lanes"].items():
+            errors = after_serving(record)
+            assert float(np.percentile(errors, 90)) <= 0.25, (name, lane, sorted(errors)[-5:])
+            assert float(np.percentile(errors, 50)) <= 0.12, (name, lane, sorted(errors)[-5:])
 
 
 def test_a_batch_that_ran_alone_refines_its_cost_and_one_beside_another_does_not():

@@ -64,8 +64,11 @@ class Coalescing:
 
     A write is held until the next write (both then go as one) or the end of the loop's turn,
     whichever is first; closing sends what is held first. At most one write is held, so a
-    stream that writes without yielding still meets the transport's flow control. Everything
-    else is the transport's own."""
+    stream that writes without yielding still meets the transport's flow control. A large next
+    write (a body past JOIN_BYTES) follows the held one apart, not copied to join it: its
+    segments are full anyway. Everything else is the transport's own."""
+
+    JOIN_BYTES = 64 * 1024
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
@@ -77,8 +80,12 @@ class Coalescing:
             self._held = bytes(data)
             self._loop.call_soon(self.flush)
             return
-        data, self._held = self._held + data, None
-        self._transport.write(data)
+        held, self._held = self._held, None
+        if len(data) > self.JOIN_BYTES:
+            self._transport.write(held)
+            self._transport.write(data)
+        else:
+            self._transport.write(held + data)
 
     def flush(self) -> None:
         if self._held is not None:

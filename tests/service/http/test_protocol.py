@@ -168,6 +168,12 @@ def test_writes_of_one_loop_turn_leave_together_and_closing_sends_what_is_held()
         c.write(b"late")
         await asyncio.sleep(0)  # written after the close: dropped, as the transport would
         seen.append(list(t.writes))
+        t = Transport()
+        c = Coalescing(t, asyncio.get_running_loop())  # type: ignore[arg-type]
+        large = b"x" * (Coalescing.JOIN_BYTES + 1)
+        c.write(b"head")
+        c.write(large)  # a large body goes as it is, after the head, not copied to join it
+        assert t.writes == [b"head", large] and t.writes[1] is large
         return seen
 
     seen = asyncio.run(main())

@@ -11,9 +11,9 @@ gives the predicted over the actual time at p50 and p90 of |error|, per session.
 actual time is the median of PASSES passes over the grid, each a few runs of every shape (in
 turn forwards and backwards): on a shared VM a burst slows every run for a second or more (a
 1 ms shape moved by 35 % between two passes minutes apart), and one pass would charge it to
-the prediction of whichever shapes it fell on. The JSON keeps every
-sample: tests/service/engine/test_cost.py fits the recorded calibration again and holds
-its predictions of the recorded grid to 25 % at p90.
+the prediction of whichever shapes it fell on. The JSON keeps every sample:
+tests/service/engine/test_cost.py fits the recorded calibration again and holds its predictions
+of the recorded grid to 25 % at p90.
 
 The grid's time can drift from the calibration's as a whole (every shape of a session 17 %
 slower a minute later, on a shared VM): a server follows it with the batches it serves
@@ -51,11 +51,12 @@ LONG_LENGTHS = (1100, 1536, 2048, 3072, 4096, 6144, 8192)
 PASSES = 3
 
 
-def timed(run: Any, rows: int, n: int, token: int, most: int = 9) -> float:
+def timed(run: Any, rows: int, n: int, token: int) -> float:
+    """One pass's time of a shape: the median of 3 to 5 runs (as many as fit in 0.2 s)."""
     ids = np.full((rows, n), token, dtype=np.int64)
     batch = Batch(ids, np.ones_like(ids))
     times: list[float] = []
-    while len(times) < 3 or (len(times) < most and sum(times) < 0.2):  # short runs jitter
+    while len(times) < 3 or (len(times) < 5 and sum(times) < 0.2):  # short runs jitter
         started = time.perf_counter()
         run(batch)
         times.append(time.perf_counter() - started)
@@ -67,8 +68,13 @@ def actual(run: Any, plan: list[tuple[int, int]], token: int) -> list[Sample]:
     passes: dict[tuple[int, int], list[float]] = {shape: [] for shape in plan}
     for k in range(PASSES):
         for rows, n in plan if k % 2 == 0 else plan[::-1]:
-            passes[(rows, n)].append(timed(run, rows, n, token, most=5))
+            passes[(rows, n)].append(timed(run, rows, n, token))
     return [Sample(r, n, statistics.median(passes[(r, n)])) for r, n in plan]
+
+
+def off(cost: CostModel, samples: list[Sample]) -> list[float]:
+    """|predicted / actual - 1| of each sample."""
+    return [abs(cost.seconds(x.rows, x.n) / x.seconds - 1) for x in samples]
 
 
 def after_serving(record: dict[str, Any]) -> list[float]:
@@ -77,11 +83,11 @@ def after_serving(record: dict[str, Any]) -> list[float]:
     shapes it did not serve."""
     cost = CostModel()
     cost.calibrate([Sample(*s) for s in record["calibration"]])
-    held = sorted(record["held_out"])
-    for rows, n, seconds in held[0::2]:
-        cost.observe(rows, n, seconds)
+    held = [Sample(*s) for s in sorted(record["held_out"])]
+    for x in held[0::2]:
+        cost.observe(x.rows, x.n, x.seconds)
     cost.refit()
-    return [abs(cost.seconds(rows, n) / seconds - 1) for rows, n, seconds in held[1::2]]
+    return off(cost, held[1::2])
 
 
 def grid(longest: int, shortest: int, long_lane: bool, s: Settings) -> list[tuple[int, int]]:
@@ -103,7 +109,7 @@ def session(run: Any, longest: int, shortest: int, long_lane: bool, token: int, 
     cost = CostModel()
     cost.calibrate(calibration)
     held = actual(run, grid(longest, shortest, long_lane, s), token)
-    errors = [abs(cost.seconds(x.rows, x.n) / x.seconds - 1) for x in held]
+    errors = off(cost, held)
     return {
         "calibration": [[x.rows, x.n, x.seconds] for x in calibration],
         "calibration_s": took,

@@ -87,9 +87,14 @@ def graph_direct(
 
 
 def single_call_times(
-    s: ort.InferenceSession, sequence: list[int], repeats: int = 200, warm: int = 10
+    s: ort.InferenceSession,
+    sequence: list[int],
+    repeats: int = 200,
+    warm: int = 10,
+    gap_s: float = 0.0,
 ) -> list[float]:
-    """Seconds of each of `repeats` session calls on one text."""
+    """Seconds of each of `repeats` session calls on one text, back to back, or each after
+    `gap_s` idle (as a server's requests arrive: the runtime's threads and caches cool)."""
     ids, mask = padded([sequence])
     feed = {"input_ids": ids, "attention_mask": mask}
     primary = primary_output(s)
@@ -97,6 +102,8 @@ def single_call_times(
         s.run(primary, feed)
     times = []
     for _ in range(repeats):
+        if gap_s:
+            time.sleep(gap_s)
         t0 = time.perf_counter()
         s.run(primary, feed)
         times.append(time.perf_counter() - t0)

@@ -75,3 +75,34 @@ def test_streams_bench_times_both_ways_of_running_openvino(tiny_bundle, tmp_path
     assert all(len(r["throughput_ratios"]) == 2 for r in http.values())  # a ratio a round
     assert all(r["throughput_ratios"] == [1.0, 1.0] for (_, n), r in http.items() if n == 1)
     assert "## In the server" in (tmp_path / "streams.md").read_text()
+
+
+def test_the_report_sets_one_text_over_http_against_the_graph_called_as_often():
+    """One text over HTTP against its graph called back to back, and against the graph called
+    with the requests' spacing (what is left is the request path's own cost); a recording from
+    before the spaced figure says '-' there."""
+    from bench.runtimes import report
+
+    http = {
+        "1": {"texts_per_s": 100.0, "p50_ms": 8.0},
+        "32": {"texts_per_s": 200.0, "p50_ms": 100.0},
+        "short_p50_ms": 4.0,
+        "short_graph_p50_ms": 2.0,
+        "short_graph_spaced_p50_ms": 3.2,
+        "first_short": {"first_over_steady": 1.1},
+        "first_long": {"first_over_steady": 1.2},
+    }
+    row = {
+        "runtime": "openvino", "precision": "bf16", "graph_texts_per_s": 400.0,
+        "graph_vs_ort_fp32": 2.0, "short_p50_ms": 2.1, "recall_at_10": 72.0, "mrr": 50.0,
+    }  # fmt: skip
+    old = {k: v for k, v in http.items() if k != "short_graph_spaced_p50_ms"}
+    results = {
+        "machine": {"cpus": 2, "cpu_model": "x", "cpu_shown": ["avx2"], "when": "now"},
+        "bundle": "m",
+        "rows": [{**row, "http": http}, {**row, "precision": "fp32", "http": old}],
+        "skipped": [],
+    }
+    lines = [line for line in report(results).splitlines() if line.startswith("| openvino")]
+    assert "| 4.00 / 2.00 ms = 2.00x | 3.20 ms, 1.25x |" in lines[0]
+    assert "| 4.00 / 2.00 ms = 2.00x | - |" in lines[1]

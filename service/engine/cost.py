@@ -37,9 +37,12 @@ import numpy as np
 # Batches served that refine the calibration: the latest this many that ran alone.
 RECENT = 64
 REFIT = 8
-# A mispredicted batch refits at once, but not more often than this: on a shared VM a short
-# text's time moves by a quarter between minutes, and a refit (a few hundred µs of numpy) on
-# every such batch was a tenth of one short text's time over HTTP (py-spy, bench.runtimes).
+# The fit is redone at most this often, however many batches are served: on a shared VM a
+# short text's time moves by a quarter between minutes, and a refit (a few hundred µs of
+# numpy) on every such batch was a tenth of one short text's time over HTTP. A refit also
+# empties the memo of predictions, which admission then recomputes shape by shape: refitting
+# every REFIT batches at 40 batches a second put that recomputation at a tenth of the event
+# loop's time at 32 clients (py-spy, bench.runtimes).
 MIN_REFIT_GAP_S = 1.0
 NEAREST = 4  # measured shapes a correction is weighted from
 MEMO = 4096  # predictions kept until the next refit (admission asks for the same shapes often)
@@ -115,6 +118,7 @@ class CostModel:
         self._ratios = np.zeros(0)  # their measured over fitted time
         self._memo: dict[tuple[int, int], float] = {}
         self._refitted_at = -MIN_REFIT_GAP_S  # when observe last asked for a refit
+        self._pending = 0  # batches observed since then
 
     @property
     def source(self) -> str:
@@ -148,20 +152,22 @@ class CostModel:
 
     def observe(self, rows: int, n: int, seconds: float, defer: bool = False) -> bool:
         """A batch that ran alone on the device: its time refines the fit. The fit is redone
-        every REFIT batches, or sooner (at most every MIN_REFIT_GAP_S) when this one was
-        mispredicted by a quarter or more. True: a refit is due, and done unless `defer` (the
-        batcher calls `refit` once the batch's answers are handed over: not on their path)."""
+        once REFIT batches were observed since the last refit, or sooner when this one was
+        mispredicted by a quarter or more, but at most once every MIN_REFIT_GAP_S. True: a
+        refit is due, and done unless `defer` (the batcher calls `refit` once the batch's
+        answers are handed over: not on their path)."""
         if self.fixed_tokens_per_s is not None or not self.learns or seconds <= 0:
             return False
         predicted = self.seconds(rows, n)
         self.recent.append(Sample(rows, n, seconds))
         self.served += 1
+        self._pending += 1
         off = predicted <= 0 or abs(seconds / predicted - 1) >= 0.25
         now = time.monotonic()
-        soon = off and now - self._refitted_at >= MIN_REFIT_GAP_S
-        if not (soon or self.served % REFIT == 0):
+        if not (off or self._pending >= REFIT) or now - self._refitted_at < MIN_REFIT_GAP_S:
             return False
         self._refitted_at = now
+        self._pending = 0
         if not defer:
             self.refit()
         return True

@@ -48,12 +48,15 @@ def test_unmeasured_costs_nothing_and_refuses_nothing_until_calibrated():
     assert cost.describe()["calibration_s"] == 1.5
 
 
-def test_batches_served_refine_the_fit_toward_what_they_take():
+def test_batches_served_refine_the_fit_toward_what_they_take(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("service.engine.cost.time.monotonic", lambda: clock[0])
     cost = CostModel()
     cost.calibrate(samples_of(TRUE, shapes(256, 64)))
     slower = Fit(TRUE.batch_s * 2, TRUE.token_s * 2, TRUE.pair_s * 2)
     for _ in range(64):
         for rows, n in ((8, 32), (32, 64), (1, 128)):
+            clock[0] += MIN_REFIT_GAP_S / 4  # a batch every quarter of the gap
             cost.observe(rows, n, slower.seconds(rows, n))
     for rows, n in ((8, 32), (32, 64), (1, 128)):
         assert cost.seconds(rows, n) / slower.seconds(rows, n) > 0.8  # was 0.5
@@ -75,8 +78,26 @@ def test_mispredicted_batches_refit_at_most_once_a_gap_and_deferred_refits_wait_
     cost.refit()
     assert cost.seconds(1, 16) > TRUE.seconds(1, 16) * 1.2  # what the caller's refit learned
     clock[0] += MIN_REFIT_GAP_S
-    assert cost.observe(1, 16, off)  # past the gap: refitted again, here at once
-    assert cost.observe(1, 16, TRUE.seconds(1, 16)) is (cost.served % REFIT == 0)
+    assert not cost.observe(1, 16, off)  # what it learned: no longer off, and only 7 since
+    assert cost.observe(1, 16, off * 2)  # past the gap and off again: refitted, here at once
+
+
+def test_well_predicted_batches_refit_every_refit_batches_but_at_most_once_a_gap(monkeypatch):
+    """Under load (40 batches a second) a refit every REFIT batches emptied the prediction memo
+    five times a second, and admission recomputed it shape by shape."""
+    clock = [100.0]
+    monkeypatch.setattr("service.engine.cost.time.monotonic", lambda: clock[0])
+    cost = CostModel()
+    cost.calibrate(samples_of(TRUE, shapes(256, 64)))
+    right = TRUE.seconds(4, 32)
+    assert [cost.observe(4, 32, right) for _ in range(REFIT)] == [False] * (REFIT - 1) + [True]
+    # REFIT more within the gap: none; the next one past the gap: due at once
+    assert not any(cost.observe(4, 32, right) for _ in range(REFIT))
+    clock[0] += MIN_REFIT_GAP_S
+    assert cost.observe(4, 32, right)
+    # Past the gap but fewer than REFIT since: not due
+    clock[0] += MIN_REFIT_GAP_S
+    assert not cost.observe(4, 32, right)
 
 
 def test_a_stated_rate_or_a_fake_backends_time_is_never_learned():

@@ -37,12 +37,11 @@ import numpy as np
 # Batches served that refine the calibration: the latest this many that ran alone.
 RECENT = 64
 REFIT = 8
-# The fit is redone at most this often, however many batches are served: on a shared VM a
-# short text's time moves by a quarter between minutes, and a refit (a few hundred µs of
-# numpy) on every such batch was a tenth of one short text's time over HTTP. A refit also
-# empties the memo of predictions, which admission then recomputes shape by shape: refitting
-# every REFIT batches at 40 batches a second put that recomputation at a tenth of the event
-# loop's time at 32 clients (py-spy, bench.runtimes).
+# The fit is redone at most this often, however many batches are served. A refit is a few
+# hundred µs of numpy: on every mispredicted batch (on a shared VM a short text's time moves
+# by a quarter between minutes) it was a tenth of one short text's time over HTTP, and every
+# REFIT batches it was 37 refits a second for one client, 1.8 % of the event loop's time
+# (py-spy, bench.profile; 0.06 % once at most once a second).
 MIN_REFIT_GAP_S = 1.0
 NEAREST = 4  # measured shapes a correction is weighted from
 MEMO = 4096  # predictions kept until the next refit (admission asks for the same shapes often)

@@ -44,7 +44,7 @@ from service.settings import Settings
 log = logging.getLogger("bench")
 RESULTS = Path("bench/results")
 SHORT = "The cat sat on a warm mat."  # 11 tokens with MiniLM's tokenizer
-ROUNDS = 5  # of one short text, the graph direct and over HTTP in turn
+ROUNDS = 5  # the graph direct and over HTTP in turn: one short text; the indexing load
 PAUSE_S = 0.2  # idle before each request that tells a cold run from a compile
 PER_REQUEST = 32  # texts a request of the batched load (a graph batch's worth)
 LONG = " ".join(["every token attends to every other token"] * 30)  # cut at 256 tokens

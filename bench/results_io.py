@@ -34,8 +34,10 @@ def cpu_flags() -> str:
 
 def machine() -> dict[str, Any]:
     """The fields every result records about where and when it was measured."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
-        "cpus": os.cpu_count(),
+        "cpus": cpus,  # those this process may run on (taskset, a cpuset)
+        "machine_cpus": os.cpu_count(),
         "cpu_flags": cpu_flags(),
         "when": time.strftime("%Y-%m-%d %H:%M"),
     }
@@ -52,7 +54,10 @@ def cpu_machine() -> dict[str, Any]:
 def where(m: dict[str, Any]) -> str:
     """A report's line on a cpu_machine(): cores, CPU, flags, when."""
     flags = ", ".join(m["cpu_shown"]) or "none"
-    return f"{m['cpus']} cores, {m['cpu_model']}, flags: {flags}; {m['when']}"
+    cores = m["cpus"]
+    if m.get("machine_cpus", cores) != cores:
+        cores = f"{cores} of {m['machine_cpus']}"
+    return f"{cores} cores, {m['cpu_model']}, flags: {flags}; {m['when']}"
 
 
 def save(out: Path, name: str, results: dict[str, Any], report: str) -> None:

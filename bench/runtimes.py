@@ -146,7 +146,9 @@ def over_http(
     alternate with the server's answers to SHORT: on a shared VM the same call's time drifts by
     a third between minutes, so the two are compared in the same minutes."""
     env = {"HEADWISE_RUNTIME": runtime, "HEADWISE_PRECISION": precision}
+    started = time.monotonic()
     proc, url = launch(bundle, env=env, ready_s=300)
+    log.info("%s %s: server ready in %.0f s", runtime, precision, time.monotonic() - started)
     try:
         out: dict[str, Any] = {
             # Before any other request: is a shape compiled on the first request that has it?
@@ -199,6 +201,9 @@ def over_http(
             "errors": errors,
         }
         out["memory"] = peak_against_bound(url, proc.pid)
+        log.info(
+            "%s %s: measured over HTTP in %.0f s", runtime, precision, time.monotonic() - started
+        )
         return out
     finally:
         proc.terminate()
@@ -220,10 +225,13 @@ def main() -> None:
     sequences = [e.ids for e in tok.encode_batch(texts)]
     run, skipped = paths(args.bundle, manifest)
     sessions = [session(args.bundle, manifest, r, pr) for r, pr in run]
+    started = time.monotonic()
     rates, _ = sessions_rates(sessions, sequences)
+    log.info("graphs: %s texts/s (%.0f s)", [round(r) for r in rates], time.monotonic() - started)
     short = tok.encode(SHORT).ids
     p50 = [statistics.median(single_call_times(s, short, 300)) * 1e3 for s in sessions]
     quality_rows = retrieval(sessions, tok, quality.docstring_pairs("holdout", limit=args.pairs))
+    log.info("one text, retrieval: %.0f s", time.monotonic() - started)
     rows = []
     for k, (runtime, precision) in enumerate(run):
         row: dict[str, Any] = {

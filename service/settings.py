@@ -62,7 +62,14 @@ class Settings(BaseSettings):
         description="query -> document pairs (CPython's docstrings) on which a precision other "
         "than fp32 on OpenVINO is judged at start against fp32: recall@10 and MRR within 0.5 point",
     )
-    threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = one per core")
+    threads: int = Field(
+        0,
+        ge=0,
+        description="ONNX Runtime intra-op threads; 0 = one per core, or where the process may "
+        "use fewer CPUs than the machine has (taskset, a cpuset, a container's CPU quota such as "
+        "Kubernetes' limits.cpu), one per CPU it may use (ONNX Runtime and OpenVINO alike; "
+        "GET /info: cpu.cores)",
+    )
     openvino_streams: int = Field(
         1,
         ge=1,

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from service import __version__
 from service.api.context import Context
 from service.api.tei.info import Info, tei_info
-from service.engine.cpu import detect
+from service.engine.cpu import cores, detect
 from service.errors import InvalidInput
 from service.manifest import GraphKey, Pruning
 from service.registry import Capability, Model, Registry
@@ -242,7 +242,13 @@ async def info(ctx: Context, body: None = None) -> Response:
         "served_by": served_by,
         "attention_enabled": s.attention_enabled,
         # What chose each model's runtime and precision (models[].runtime_reason says how).
-        "cpu": {"model": cpu.model, "flags": cpu.shown, "bf16": cpu.bf16},
+        # and the threads its runtimes run: the CPUs this process may use (affinity, quota).
+        "cpu": {
+            "model": cpu.model,
+            "flags": cpu.shown,
+            "bf16": cpu.bf16,
+            "cores": cores().describe(),
+        },
         "limits": limits(s),
         "memory": {"config": s.memory, **registry.memory()},
         # Each batcher's cost per batch (the batchers of one session share it): what

@@ -5,11 +5,19 @@ Linux lists them in /proc/cpuinfo (what `lscpu` prints as Flags). The ones that 
 (AMD Zen 4/5, Intel Cooper Lake and later: bf16 dot products), `avx512_vnni` / `avx_vnni`
 (int8 dot products), `avx512f`, `avx2`. A machine without /proc/cpuinfo (macOS, a sandbox)
 reads as having none of them: fp32 is served, as everywhere without bf16 units.
+
+And how many of its CPUs this process may use (`cores`): those its affinity allows (taskset, a
+container's cpuset), and no more than its container's CPU quota (cgroup `cpu.max`, what
+Kubernetes' `limits.cpu` and `docker --cpus` set). ONNX Runtime sizes its default thread pool to
+the machine's physical cores, blind to both: a 4-CPU pod on a node of 32 cores would run 32
+threads throttled to 4 CPUs' time.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,3 +74,64 @@ def detect(path: Path = CPUINFO) -> Cpu:
         return parse(path.read_text(encoding="utf-8", errors="replace"))
     except OSError:
         return Cpu("unknown", frozenset())
+
+
+# cgroup v2's cpu.max ("QUOTA PERIOD" or "max PERIOD"), then v1's quota (-1: none) by its period.
+CGROUP_CPU = (
+    Path("/sys/fs/cgroup/cpu.max"),
+    Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+    Path("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"),
+)
+
+
+def quota_cpus(paths: Sequence[Path]) -> tuple[int | None, str]:
+    """Whole CPUs the container's quota allows (rounded down, at least 1), and what said so;
+    None where there is no quota."""
+    for path in paths:
+        try:
+            text = path.read_text().strip()
+            if path.name == "cpu.max":
+                quota, _, period = text.partition(" ")
+            else:
+                quota, period = text, (path.parent / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            continue
+        if quota in ("max", "-1") or not quota.isdigit() or not period.isdigit():
+            return None, f"no CPU quota ({path}: {text})"
+        return max(
+            1, int(quota) // max(1, int(period))
+        ), f"the container's CPU quota ({path}: {text})"
+    return None, "no readable CPU quota"
+
+
+@dataclass(frozen=True)
+class Cores:
+    usable: int  # the threads a runtime should run
+    machine: int  # the CPUs the machine has (os.cpu_count)
+    why: str
+
+    @property
+    def restricted(self) -> bool:
+        """Fewer than the machine's: a runtime left to count for itself would count too many."""
+        return self.usable < self.machine
+
+    def describe(self) -> dict[str, object]:
+        return {"usable": self.usable, "machine": self.machine, "why": self.why}
+
+
+def cores(paths: Sequence[Path] | None = None) -> Cores:
+    """The CPUs this process may use: its affinity's, capped by its container's CPU quota.
+    Read on each call (cheap): sessions are built a few times a process."""
+    machine = os.cpu_count() or 1
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        allowed = machine
+    quota, source = quota_cpus(CGROUP_CPU if paths is None else paths)
+    if quota is not None and quota < allowed:
+        return Cores(quota, machine, f"{source}: {quota} of {machine} CPUs")
+    if allowed < machine:
+        return Cores(
+            allowed, machine, f"its CPU affinity (taskset, cpuset): {allowed} of {machine}"
+        )
+    return Cores(machine, machine, f"all {machine} CPUs ({source})")

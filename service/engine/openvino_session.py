@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from service.engine.cpu import cores
 from service.manifest import Manifest, SpecialTokens
 from service.tensors import Batch
 
@@ -71,8 +72,8 @@ class OpenVinoSession:
         self, path: Path | str, precision: str = "fp32", threads: int = 0, streams: int = 1
     ) -> None:
         """precision: fp32 or bf16 (asked; `precision` is what was compiled), or int8 (an NNCF
-        graph). threads: 0 = the plugin's choice (every core), else that many (the long
-        lane's one). streams: batches run at once (1: one with every thread)."""
+        graph). threads: 0 = one per CPU this process may use (engine/cpu.py's cores), else
+        that many (the long lane's one). streams: batches run at once (1: one with every thread)."""
         import openvino
 
         core = openvino.Core()
@@ -82,8 +83,9 @@ class OpenVinoSession:
             config |= {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": streams}
         else:  # one stream with every thread: the batcher runs one batch at a time
             config["PERFORMANCE_HINT"] = "LATENCY"
-        if threads:
-            config["INFERENCE_NUM_THREADS"] = threads
+        available = cores()
+        if threads or available.restricted:  # its own count is the machine's (see cores)
+            config["INFERENCE_NUM_THREADS"] = threads or available.usable
         self.compiled = core.compile_model(model, "CPU", config)
         self.streams = int(self.compiled.get_property("NUM_STREAMS"))
         # A Type, not a string: str() of it reads "<Type: 'bfloat16'>".

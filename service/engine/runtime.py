@@ -23,7 +23,7 @@ from tokenizers import Encoding, Tokenizer
 from service.bundle import Bundle
 from service.engine import openvino_session, quality
 from service.engine.choice import Choice, Unservable, choose
-from service.engine.cpu import detect
+from service.engine.cpu import cores, detect
 from service.engine.openvino_session import OpenVinoSession
 from service.engine.sessions import CPU, CUDA, build_session, run_options
 from service.manifest import GraphKey, Manifest, RetrievalQuality
@@ -254,12 +254,13 @@ class OnnxBackend:
                     arena,
                 )
         log.info(
-            "%s: serving %s (%s) on %s: %s",
+            "%s: serving %s (%s) on %s: %s; threads for %s",
             self.manifest.name,
             graph,
             self.info.precision,
             used[0],
             self.info.reason,
+            cores().why,
         )
 
     def _openvino(

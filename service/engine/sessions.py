@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import onnxruntime as ort
+
+from service.engine.cpu import cores
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 
 
-def allowed_cpus() -> int:
-    """The CPUs this process may run on (taskset, a container's cpuset), else the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def intra_op_threads(threads: int) -> int:
-    """threads, or for 0 (one per core): ONNX Runtime's own count (0) on a process free to run
-    anywhere, else one per CPU it may run on. ONNX Runtime counts the machine's cores, not the
-    process's: pinned to 2 of a 16-core Xeon's CPUs (taskset), its fp32 graph ran at its
-    16-core rate (1,204 texts/s against 1,237 unpinned, where OpenVINO's fell to 257), its
-    threads outside the CPUs it was given."""
-    if threads or allowed_cpus() >= (os.cpu_count() or 1):
+    """threads, or for 0 (one per core): ONNX Runtime's own count (0) on a process free to use
+    every CPU, else one per CPU it may use (service/engine/cpu.py: affinity, CPU quota). ONNX
+    Runtime counts the machine's cores, not the process's: pinned to 2 of a 16-core Xeon's CPUs
+    (taskset), its fp32 graph ran at its 16-core rate (1,204 texts/s against 1,237 unpinned,
+    where OpenVINO's fell to 257), so its threads ran on CPUs it was not given."""
+    if threads:
         return threads
-    return allowed_cpus()
+    available = cores()
+    return available.usable if available.restricted else 0
 
 
 def build_session(

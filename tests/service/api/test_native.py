@@ -112,6 +112,8 @@ def test_info_describes_model_runtime_and_limits(client):
     assert info["providers"][-1] == "CPUExecutionProvider" and info["device"] == "cpu"
     assert info["fused_ops"]["Attention"] == 2
     assert info["limits"]["max_inputs"] > 0
+    cores = info["cpu"]["cores"]  # the threads its runtimes run, and why that many
+    assert 1 <= cores["usable"] <= cores["machine"] and cores["why"]
 
 
 def test_health_ready_and_openai_model_list(client):

@@ -1,4 +1,5 @@
-"""ONNX Runtime's thread count: one per CPU the process may run on, not per core of the machine."""
+"""Runtimes' thread counts: one per CPU the process may use (affinity, CPU quota), not per core of
+the machine."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from service.engine import sessions
+from service.engine import cpu, sessions
+from service.engine.openvino_session import OpenVinoSession, available
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +24,11 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("g") / "relu.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def no_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu, "CGROUP_CPU", ())  # this machine's own cgroup out of the figures
 
 
 def threads_of(path: Path, threads: int = 0) -> int:
@@ -56,3 +63,28 @@ def test_taskset_to_one_cpu_gives_one_thread(graph: Path) -> None:
         [sys.executable, "-c", code, str(graph)], capture_output=True, text=True, check=True
     )
     assert int(out.stdout) == 1
+
+
+def test_a_container_quota_sets_onnx_runtimes_threads(
+    graph: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A 4-CPU pod on a 16-core node (Kubernetes' limits.cpu: 4 writes cpu.max)."""
+    (tmp_path / "cpu.max").write_text("400000 100000\n")
+    monkeypatch.setattr(cpu, "CGROUP_CPU", (tmp_path / "cpu.max",))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert threads_of(graph) == 4
+
+
+@pytest.mark.skipif(available() is None, reason="OpenVINO is not installed")
+def test_openvino_compiles_with_one_thread_per_cpu_the_quota_allows(
+    graph: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    real = len(os.sched_getaffinity(0))  # OpenVINO caps a count at the CPUs it can use
+    (tmp_path / "cpu.max").write_text("100000 100000\n")  # one CPU's time
+    monkeypatch.setattr(cpu, "CGROUP_CPU", (tmp_path / "cpu.max",))
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    session = OpenVinoSession(graph)
+    assert int(session.compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+    explicit = OpenVinoSession(graph, threads=2).compiled  # an operator's count stands
+    assert int(explicit.get_property("INFERENCE_NUM_THREADS")) == min(2, real)

@@ -7,11 +7,11 @@ here), in fp32
 and, where the CPU has bf16 units, bf16: texts/s on length-sorted batches of 32 and of 4 (rounds
 interleaved), and one short text's p50 latency.
 
-Then the same choice inside the server (HEADWISE_OPENVINO_STREAMS: 1, the default, or 2 and
-more: the batcher computes that many batches at once, one per stream): over HTTP, 32 clients
-sending one text a request (texts/s: batches as the server forms them, its request handling
-on the same cores) and one client's short text (p50): a server per stream count, all up at
-once, measured in alternating rounds.
+Then the same choice inside the server (HEADWISE_OPENVINO_STREAMS: 1, the default below 16
+CPUs, or 2 and more: the batcher computes that many batches at once, one per stream): over
+HTTP, 32 clients sending one text a request (texts/s: batches as the server forms them, its
+request handling on the same cores) and one client's short text (p50): a server per stream
+count, all up at once, measured in alternating rounds.
 
 Writes bench/results/streams.{json,md}.
 """

@@ -71,11 +71,12 @@ class Settings(BaseSettings):
         "GET /info: cpu.cores)",
     )
     openvino_streams: int = Field(
-        1,
-        ge=1,
+        0,
+        ge=0,
         le=64,
         description="batches OpenVINO computes at once, each on its share of the cores: more "
-        "texts/s under load, a lone text slower (bench/streams.py); 1: one batch with every core",
+        "texts/s under load, a lone text slower (bench/streams.py); 1: one batch with every core; "
+        "0: chosen by the CPUs the process may use (2 from 16 CPUs, else 1: measured on 2 and 16)",
     )
     spinning: bool = Field(True, description="let ORT threads spin between runs (one session only)")
     inline_max_tokens: int = Field(

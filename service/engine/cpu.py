@@ -135,3 +135,15 @@ def cores(paths: Sequence[Path] | None = None) -> Cores:
             allowed, machine, f"its CPU affinity (taskset, cpuset): {allowed} of {machine}"
         )
     return Cores(machine, machine, f"all {machine} CPUs ({source})")
+
+
+# OpenVINO streams (batches computed at once) for HEADWISE_OPENVINO_STREAMS=0, by usable CPUs.
+# bench.streams, 32 clients sending one text a request against one client's short text: on 2
+# CPUs (AMD EPYC, bf16) 2 streams gave 1.16x the texts/s at 1.28x one text's p50, so 1; on 16
+# (a Xeon with AMX, bf16) 2 streams gave 1.26x (rounds 1.18-1.51x) at 1.05x, 8 gave 1.48x at
+# 1.33x, so 2. Between and beyond, not measured: 1 below 16, 2 from 16.
+STREAMS_FROM = 16
+
+
+def auto_streams(usable: int) -> int:
+    return 2 if usable >= STREAMS_FROM else 1

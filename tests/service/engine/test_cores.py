@@ -64,3 +64,9 @@ def test_affinity_below_the_quota_sets_the_count(
 def test_a_free_process_uses_every_cpu(tmp_path: Path, sixteen: None) -> None:
     c = cores(v2(tmp_path, "max 100000"))
     assert (c.usable, c.restricted) == (16, False)
+
+
+def test_openvino_streams_by_usable_cpus() -> None:
+    from service.engine.cpu import auto_streams
+
+    assert [auto_streams(n) for n in (1, 2, 8, 15, 16, 64)] == [1, 1, 1, 1, 2, 2]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
 import re
 import subprocess
 import sys
@@ -92,11 +93,33 @@ def check_no_torch(image: str) -> None:
     check(done.returncode == 0, f"no torch in {image}")
 
 
+def check_cpu_quota(image: str) -> None:
+    """`--cpus 1` (a CPU quota, as Kubernetes' limits.cpu sets): the runtimes run one thread,
+    not one per core of the machine (service/engine/cpu.py reads the container's cgroup)."""
+    if (os.cpu_count() or 1) < 2:
+        print("  --  CPU quota not checked: a 1-CPU machine has nothing to restrict")
+        return
+    code = (
+        "from service.engine.cpu import cores; from service.engine.sessions import "
+        "intra_op_threads; print(cores().usable, intra_op_threads(0))"
+    )
+    done = podman("run", "--rm", "--cpus", "1", "--entrypoint", "python", image, "-c", code,
+                  check_rc=False)  # fmt: skip
+    got = done.stdout.split()
+    if done.returncode != 0 and not got and re.search(r"^Error: ", done.stderr, re.M):  # podman's
+        print(f"  --  CPU quota not checked: podman could not set one here ({done.stderr[-200:]})")
+        return
+    ok = done.returncode == 0 and got == ["1", "1"]
+    why = "" if ok else f" (got {got}: {done.stderr[-300:]})"
+    check(ok, f"--cpus 1: 1 usable CPU and 1 ONNX Runtime thread{why}")
+
+
 # ---- item 1: the cpu image --------------------------------------------------------------------
 
 
 def check_cpu_image(image: str) -> None:
     check_no_torch(image)
+    check_cpu_quota(image)
     with run_container(image) as box:
         wait_ready(box)
         check(box.inspect("{{.Config.User}}") == f"{UID}:{UID}", f"runs as {UID}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -34,10 +33,12 @@ def cpu_flags() -> str:
 
 def machine() -> dict[str, Any]:
     """The fields every result records about where and when it was measured."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from service.engine.cpu import cores
+
+    available = cores()
     return {
-        "cpus": cpus,  # those this process may run on (taskset, a cpuset)
-        "machine_cpus": os.cpu_count(),
+        "cpus": available.usable,  # those this process may use (taskset, a cpuset, a quota)
+        "machine_cpus": available.machine,
         "cpu_flags": cpu_flags(),
         "when": time.strftime("%Y-%m-%d %H:%M"),
     }

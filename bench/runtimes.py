@@ -229,6 +229,7 @@ def main() -> None:
     rates, _ = sessions_rates(sessions, sequences)
     log.info("graphs: %s texts/s (%.0f s)", [round(r) for r in rates], time.monotonic() - started)
     short = tok.encode(SHORT).ids
+    started = time.monotonic()
     p50 = [statistics.median(single_call_times(s, short, 300)) * 1e3 for s in sessions]
     quality_rows = retrieval(sessions, tok, quality.docstring_pairs("holdout", limit=args.pairs))
     log.info("one text, retrieval: %.0f s", time.monotonic() - started)

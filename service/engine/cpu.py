@@ -98,9 +98,8 @@ def quota_cpus(paths: Sequence[Path]) -> tuple[int | None, str]:
             continue
         if quota in ("max", "-1") or not quota.isdigit() or not period.isdigit():
             return None, f"no CPU quota ({path}: {text})"
-        return max(
-            1, int(quota) // max(1, int(period))
-        ), f"the container's CPU quota ({path}: {text})"
+        whole = max(1, int(quota) // max(1, int(period)))
+        return whole, f"the container's CPU quota ({path}: {text})"
     return None, "no readable CPU quota"
 
 
@@ -135,6 +134,18 @@ def cores(paths: Sequence[Path] | None = None) -> Cores:
             allowed, machine, f"its CPU affinity (taskset, cpuset): {allowed} of {machine}"
         )
     return Cores(machine, machine, f"all {machine} CPUs ({source})")
+
+
+def threads_for(threads: int) -> int:
+    """A runtime's thread count for HEADWISE_THREADS-style `threads`: that many, or for 0 the
+    runtime's own count (0) on a process free to use every CPU, else one per CPU it may use.
+    ONNX Runtime counts the machine's cores, not the process's: pinned to 2 of a 16-core Xeon's
+    CPUs (taskset), its fp32 graph ran at its 16-core rate (1,204 texts/s against 1,237
+    unpinned, where OpenVINO's fell to 257), so its threads ran on CPUs it was not given."""
+    if threads:
+        return threads
+    available = cores()
+    return available.usable if available.restricted else 0
 
 
 # OpenVINO streams (batches computed at once) for HEADWISE_OPENVINO_STREAMS=0, by usable CPUs.

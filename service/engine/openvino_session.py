@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from service.engine.cpu import cores
+from service.engine.cpu import threads_for
 from service.manifest import Manifest, SpecialTokens
 from service.tensors import Batch
 
@@ -83,9 +83,8 @@ class OpenVinoSession:
             config |= {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": streams}
         else:  # one stream with every thread: the batcher runs one batch at a time
             config["PERFORMANCE_HINT"] = "LATENCY"
-        available = cores()
-        if threads or available.restricted:  # its own count is the machine's (see cores)
-            config["INFERENCE_NUM_THREADS"] = threads or available.usable
+        if count := threads_for(threads):  # 0: OpenVINO's own (every CPU, none restricted)
+            config["INFERENCE_NUM_THREADS"] = count
         self.compiled = core.compile_model(model, "CPU", config)
         self.streams = int(self.compiled.get_property("NUM_STREAMS"))
         # A Type, not a string: str() of it reads "<Type: 'bfloat16'>".

@@ -6,22 +6,10 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from service.engine.cpu import cores
+from service.engine.cpu import threads_for
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
-
-
-def intra_op_threads(threads: int) -> int:
-    """threads, or for 0 (one per core): ONNX Runtime's own count (0) on a process free to use
-    every CPU, else one per CPU it may use (service/engine/cpu.py: affinity, CPU quota). ONNX
-    Runtime counts the machine's cores, not the process's: pinned to 2 of a 16-core Xeon's CPUs
-    (taskset), its fp32 graph ran at its 16-core rate (1,204 texts/s against 1,237 unpinned,
-    where OpenVINO's fell to 257), so its threads ran on CPUs it was not given."""
-    if threads:
-        return threads
-    available = cores()
-    return available.usable if available.restricted else 0
 
 
 def build_session(
@@ -43,7 +31,7 @@ def build_session(
     """
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = intra_op_threads(threads)
+    opts.intra_op_num_threads = threads_for(threads)
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.enable_cpu_mem_arena = arena

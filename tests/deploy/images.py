@@ -100,8 +100,8 @@ def check_cpu_quota(image: str) -> None:
         print("  --  CPU quota not checked: a 1-CPU machine has nothing to restrict")
         return
     code = (
-        "from service.engine.cpu import cores; from service.engine.sessions import "
-        "intra_op_threads; print(cores().usable, intra_op_threads(0))"
+        "from service.engine.cpu import cores, threads_for; "
+        "print(cores().usable, threads_for(0))"
     )
     done = podman("run", "--rm", "--cpus", "1", "--entrypoint", "python", image, "-c", code,
                   check_rc=False)  # fmt: skip

@@ -46,6 +46,9 @@ def _serve(argv: list[str]) -> int:
     p.add_argument(
         "--precision", choices=["auto", "fp32", "fp16", "bf16", "int8"], help="env HEADWISE_PRECISION"
     )
+    p.add_argument(
+        "--workers", type=int, help="server processes on the port (env HEADWISE_WORKERS, default 1)"
+    )
     return serve_command(p.parse_args(argv))
 
 

@@ -1,8 +1,22 @@
-"""Prometheus metrics, one prefix (headwise_), one registry per app so tests stay independent."""
+"""Prometheus metrics, one prefix (headwise_), one registry per app so tests stay independent.
+
+Under HEADWISE_WORKERS (service/http/workers.py) each worker writes its values to Prometheus's
+multiprocess files (PROMETHEUS_MULTIPROC_DIR, set by the supervisor) and any worker's /metrics
+adds every worker's up: counters and histograms summed, each gauge by its mode (a queue's depth
+summed, readiness the least of them), memory the workers' resident bytes summed.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from service.engine.batch_policy import BatchPolicy
 from service.engine.cost import CostModel
@@ -20,10 +34,16 @@ CAPACITY_LENGTH = 128
 COST_TERMS = ("batch", "token", "token_length")
 
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        folder = os.environ.get(MULTIPROC_ENV)
+        # What /metrics shows: this registry, or under workers every worker's files.
+        self.exposed = r if folder is None else workers_registry(Path(folder))
         self.requests = Counter(
             "headwise_requests",
             "HTTP requests by endpoint, model (empty when none was chosen) and status code",
@@ -59,7 +79,11 @@ class Metrics:
             registry=r,
         )
         self.batch_size = Histogram(
-            "headwise_batch_size", "Texts per batch", ["path", "model"], buckets=SIZE_BUCKETS, registry=r
+            "headwise_batch_size",
+            "Texts per batch",
+            ["path", "model"],
+            buckets=SIZE_BUCKETS,
+            registry=r,
         )
         self.batch_tokens = Histogram(
             "headwise_batch_tokens",
@@ -75,14 +99,20 @@ class Metrics:
             buckets=RATIO_BUCKETS,
             registry=r,
         )
-        self.tokens = Counter("headwise_tokens", "Real tokens computed", ["path", "model"], registry=r)
+        self.tokens = Counter(
+            "headwise_tokens", "Real tokens computed", ["path", "model"], registry=r
+        )
         self.padded_tokens = Counter(
-            "headwise_padded_tokens", "Tokens computed including padding", ["path", "model"], registry=r
+            "headwise_padded_tokens",
+            "Tokens computed including padding",
+            ["path", "model"],
+            registry=r,
         )
         self.padding_ratio = Gauge(
             "headwise_padding_ratio",
             "Padding share of all computed tokens since start",
             ["path", "model"],
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.input_length = Histogram(
@@ -99,7 +129,11 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "headwise_queue_depth", "Texts waiting for a batch", ["path", "model"], registry=r
+            "headwise_queue_depth",
+            "Texts waiting for a batch",
+            ["path", "model"],
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self.rejected = Counter(
             "headwise_rejected",
@@ -107,36 +141,48 @@ class Metrics:
             ["path", "model", "reason"],
             registry=r,
         )
-        self.inflight = Gauge("headwise_inflight_requests", "Requests being handled", registry=r)
+        self.inflight = Gauge(
+            "headwise_inflight_requests",
+            "Requests being handled",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
         self.finished = 0  # requests answered (a plain count: the heap trimmer's idle test)
         self.active = 0  # requests in flight (a plain count: the drain waits for 0)
         self.info = Gauge(
             "headwise_model_info",
             "The served model and where it runs (value 1)",
             ["model", "runtime", "provider", "device", "precision", "version"],
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.ready = Gauge(
-            "headwise_ready", "1 when every model is loaded and warm", registry=r
+            "headwise_ready",
+            "1 when every model is loaded and warm",
+            multiprocess_mode="livemin",
+            registry=r,
         )
         # Memory: process_resident_memory_bytes (now) from prometheus_client's collector, and
         # the high-water mark, which a scrape every 15 s would miss.
         ProcessCollector(registry=r)
-        self.peak_rss = Gauge(
-            "headwise_process_resident_memory_peak_bytes",
-            "Highest resident set size since the process started",
-            registry=r,
-        )
-        self.peak_rss.set_function(peak_rss_bytes)
+        if folder is None:  # under workers: WorkersMemory sums every worker's
+            self.peak_rss = Gauge(
+                "headwise_process_resident_memory_peak_bytes",
+                "Highest resident set size since the process started",
+                registry=r,
+            )
+            self.peak_rss.set_function(peak_rss_bytes)
         self.memory_bound = Gauge(
             "headwise_memory_bound_bytes",
             "The documented peak for these settings (GET /info: memory)",
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.attention_inflight = Gauge(
             "headwise_attention_inflight_numbers",
             "layers x heads x tokens² of the /attention calls in flight (their shared budget)",
             ["model"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.capacity = Gauge(
@@ -144,6 +190,7 @@ class Metrics:
             f"Padded tokens a second of a full batch of {CAPACITY_LENGTH}-token texts, as the "
             "batcher's measured cost predicts it",
             ["path", "model"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.capacity_cost = Gauge(
@@ -151,6 +198,7 @@ class Metrics:
             "The batcher's fitted cost of a batch of r texts of n tokens, a + b r n + c r n²: "
             "term batch = a, token = b, token_length = c (seconds)",
             ["path", "model", "term"],
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.prediction = Histogram(
@@ -219,3 +267,57 @@ class BatchMetrics:
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(*self._labels, reason).inc()
+
+
+def workers_registry(folder: Path) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
+    registry.register(WorkersMemory(folder))
+    return registry
+
+
+class WorkersMemory:
+    """The workers' resident memory, summed (now, and each one's peak): what the container's
+    memory limit is measured against. The workers are the live processes with files in the
+    multiprocess folder (the supervisor removes a dead one's live-gauge files)."""
+
+    FILE = re.compile(r"_(\d+)\.db$")
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def pids(self) -> set[int]:
+        found = {
+            int(m.group(1)) for p in self.folder.glob("*.db") if (m := self.FILE.search(p.name))
+        }
+        return {pid for pid in found if Path(f"/proc/{pid}").exists()}
+
+    def collect(self) -> Iterator[Metric]:
+        now = peak = 0
+        for pid in self.pids():
+            fields = status_fields(Path(f"/proc/{pid}/status"))
+            now += fields.get("VmRSS", 0)
+            peak += fields.get("VmHWM", 0)
+        yield GaugeMetricFamily(
+            "process_resident_memory_bytes", "Resident memory of every worker, summed", value=now
+        )
+        yield GaugeMetricFamily(
+            "headwise_process_resident_memory_peak_bytes",
+            "Each worker's highest resident set size since it started, summed",
+            value=peak,
+        )
+
+
+def status_fields(path: Path) -> dict[str, int]:
+    """/proc/PID/status's kB fields, in bytes ({} for a process gone)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+            out[key] = int(parts[0]) * 1024
+    return out

@@ -70,6 +70,15 @@ class Settings(BaseSettings):
         "Kubernetes' limits.cpu), one per CPU it may use (ONNX Runtime and OpenVINO alike; "
         "GET /info: cpu.cores)",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="server processes on the one port (SO_REUSEPORT: the kernel spreads the "
+        "connections), each with its own copy of the models, its own slice of the CPUs and a "
+        "share of the memory limit and connection limits; /metrics adds them up. One process's "
+        "event loop is what caps one-text requests on a many-core machine (bench/workers.py)",
+    )
     openvino_streams: int = Field(
         0,
         ge=0,

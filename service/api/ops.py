@@ -4,6 +4,7 @@ answers the route a TEI client is about to call)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, get_args
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -49,7 +50,7 @@ async def ready(ctx: Context, body: None = None) -> Response:
 
 
 async def metrics(ctx: Context, body: None = None) -> Response:
-    return Response(generate_latest(ctx.registry.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(ctx.registry.metrics.exposed), media_type=CONTENT_TYPE_LATEST)
 
 
 def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
@@ -249,6 +250,8 @@ async def info(ctx: Context, body: None = None) -> Response:
             "bf16": cpu.bf16,
             "cores": cores().describe(),
         },
+        # This process among HEADWISE_WORKERS (each answers for itself; /metrics for all).
+        "workers": {"count": s.workers, "pid": os.getpid()},
         "limits": limits(s),
         "memory": {"config": s.memory, **registry.memory()},
         # Each batcher's cost per batch (the batchers of one session share it): what

@@ -158,3 +158,42 @@ STREAMS_FROM = 16
 
 def auto_streams(usable: int) -> int:
     return 2 if usable >= STREAMS_FROM else 1
+
+
+@dataclass(frozen=True)
+class Share:
+    """One worker's part of the CPUs (HEADWISE_WORKERS): the CPUs it is pinned to (None: not
+    pinned, a container's quota being what limits the process) and the threads it runs."""
+
+    cpus: list[int] | None
+    threads: int
+
+
+def share(index: int, count: int, allowed: Sequence[int] | None = None,
+          quota: int | None = None) -> Share:  # fmt: skip
+    """Worker `index` of `count`: where the process's affinity is what limits it, its own slice
+    of the allowed CPUs (consecutive, sizes differing by at most one; past one worker a CPU,
+    CPUs are shared round-robin) and one thread per CPU of it; where a CPU quota is tighter, no
+    pinning (the quota is the container's, not a CPU's) and the quota's CPUs split as evenly.
+    allowed / quota: the process's (os.sched_getaffinity, the cgroup's) unless given."""
+    if allowed is None:
+        allowed = (
+            sorted(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else list(range(os.cpu_count() or 1))
+        )
+    if quota is None:
+        quota, _ = quota_cpus(CGROUP_CPU)
+    cpus = list(allowed)
+    if quota is not None and quota < len(cpus):
+        return Share(None, _part(quota, index, count))
+    if count >= len(cpus):
+        return Share([cpus[index % len(cpus)]], 1)
+    size = _part(len(cpus), index, count)
+    start = sum(_part(len(cpus), i, count) for i in range(index))
+    return Share(cpus[start : start + size], size)
+
+
+def _part(total: int, index: int, count: int) -> int:
+    """`total` split in `count` parts differing by at most one (at least 1 each): part `index`."""
+    return max(1, total // count + (1 if index < total % count else 0))

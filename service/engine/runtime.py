@@ -23,7 +23,7 @@ from tokenizers import Encoding, Tokenizer
 from service.bundle import Bundle
 from service.engine import openvino_session, quality
 from service.engine.choice import Choice, Unservable, choose
-from service.engine.cpu import auto_streams, cores, detect
+from service.engine.cpu import auto_streams, cores, detect, threads_for
 from service.engine.openvino_session import OpenVinoSession
 from service.engine.sessions import CPU, CUDA, build_session, run_options
 from service.manifest import GraphKey, Manifest, RetrievalQuality
@@ -271,7 +271,7 @@ class OnnxBackend:
         OpenVINO reads differently is served right, on the runtime it was exported for)."""
         path = bundle.graph_path(graph)
         try:
-            streams = settings.openvino_streams or auto_streams(cores().usable)
+            streams = settings.openvino_streams or auto_streams(threads_for(settings.threads) or cores().usable)
             session = OpenVinoSession(path, choice.precision, settings.threads, streams)
         except Exception as exc:  # OpenVINO raises RuntimeError and its own kinds
             failed = f"OpenVINO cannot compile {path.name} ({str(exc).splitlines()[0][:200]})"

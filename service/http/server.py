@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
 import time
+from collections.abc import Callable
 from types import FrameType
 
 import onnxruntime as ort
@@ -59,10 +61,17 @@ class DrainingServer(uvicorn.Server):
     (exit -15). After a completed drain we exit 0 instead: every accepted request was answered.
     """
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI, grace_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        app: FastAPI,
+        grace_s: float,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.app = app
         self.grace_s = grace_s
+        self.on_started = on_started
         self._drain: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -71,6 +80,11 @@ class DrainingServer(uvicorn.Server):
         await super()._serve(sockets)
         if self.started:
             self._captured_signals.clear()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()  # listening: a worker tells its supervisor it came up
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         loop = self._loop
@@ -132,12 +146,30 @@ def check_bundles(settings: Settings) -> dict[ModelSpec, Bundle]:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    names = ("host", "port", "device", "runtime", "precision")
+    names = ("host", "port", "device", "runtime", "precision", "workers")
     overrides = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     if args.bundle:
         overrides["bundles"] = args.bundle
     settings = Settings(**overrides)
     configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1:
+        try:  # unreadable bundles fail here, once, before any worker starts
+            check_bundles(settings)
+        except (BundleError, ValueError) as exc:
+            log.error("cannot serve: %s", exc)
+            return 1
+        from service.http.workers import supervise
+
+        return supervise(settings, overrides)
+    return serve(settings)
+
+
+def serve(
+    settings: Settings,
+    sockets: list[socket.socket] | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> int:
+    """Load the models, then serve until a signal (on `sockets`: a worker's, else the port)."""
     try:
         bundles = check_bundles(settings)
         if settings.device == "cuda":  # fail before binding the port when the GPU is missing
@@ -177,7 +209,7 @@ def serve_command(args: argparse.Namespace) -> int:
         log_config=None,  # keep the handlers configured above (JSON or text) for uvicorn too
         lifespan="on",
     )
-    server = DrainingServer(config, app, settings.drain_timeout_s)
-    server.run()
+    server = DrainingServer(config, app, settings.drain_timeout_s, on_started)
+    server.run(sockets=sockets)
     # uvicorn reports a failed startup (lifespan error) by leaving started False.
     return 0 if server.started else 1

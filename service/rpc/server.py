@@ -55,7 +55,9 @@ class RpcServer:
             options=[
                 ("grpc.max_receive_message_length", s.max_body_bytes),
                 ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),
+                # Workers (HEADWISE_WORKERS) each bind the port (SO_REUSEPORT: the kernel spreads
+                # the connections); one server alone must own it (a second on it fails).
+                ("grpc.so_reuseport", int(s.workers > 1)),
             ],
             maximum_concurrent_rpcs=s.max_concurrency,
         )

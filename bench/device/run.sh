@@ -3,7 +3,8 @@
 # CPU benchmarks of issue T, each step capped to what is left of BUDGET seconds. Steps:
 # runtimes16 (bench.runtimes on every core), runtimes2 (pinned to two physical cores with
 # taskset, the load generator too), graphs2 (the same, the graph alone), streams16
-# (bench.streams on every core). Logs to $OUT/log.txt, results under $OUT/<step>/.
+# (bench.streams on every core), workers16 (bench.workers: one process against one per 4 CPUs,
+# on every core). Logs to $OUT/log.txt, results under $OUT/<step>/.
 START=$(date +%s); BUDGET=${BUDGET:-540}; PY=${PY:-python3}; SITE=${SITE:-.devbench/site.tar.xz}
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -28,6 +29,7 @@ for s in ${*:-runtimes16 graphs2 streams16}; do
     runtimes2) step $s 420 taskset -c "$PAIR" $PY -m bench.runtimes --bundle bundles/dev --pairs 300 --out "$OUT/$s" ;;
     graphs2) step $s 150 taskset -c "$PAIR" $PY -m bench.runtimes --bundle bundles/dev --pairs 300 --no-http --out "$OUT/$s" ;;
     streams16) step $s 200 $PY -m bench.streams --bundle bundles/dev --rounds 3 --http-rounds 4 --out "$OUT/$s" ;;
+    workers16) step $s 240 $PY -m bench.workers --bundle bundles/dev --workers $(($(nproc) / 4)) --rounds 3 --out "$OUT/$s" ;;
     *) echo "unknown step $s" ;;
   esac
 done

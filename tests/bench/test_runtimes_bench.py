@@ -111,3 +111,26 @@ def test_the_report_sets_http_against_the_graph_each_way_it_was_measured():
     assert "| 0.50x | - | 4.00 / 2.00 ms = 2.00x | - |" in lines[1]
     assert "| 1.10x (1.05x), 1.20x (1.30x) |" in lines[0]  # first, and after a pause
     assert "| 1.10x, 1.20x (1.30x) |" in lines[1]
+
+
+def test_workers_bench_sets_several_processes_against_one(tiny_bundle, tmp_path):
+    """bench.workers: one server process and two, in alternating rounds, every request
+    answered, each figure a ratio to one process's in the same round."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "bench.workers", "--bundle", str(tiny_bundle), "--workers", "2",
+            "--rounds", "2", "--requests", "200", "--out", str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((tmp_path / "workers.json").read_text())
+    (bundle,) = results["bundles"]
+    rows = {r["workers"]: r for r in bundle["rows"]}
+    assert set(rows) == {1, 2}
+    assert all(r["errors"] == 0 and r["texts_per_s"] > 0 for r in rows.values())
+    assert rows[1]["texts_per_s_ratios"] == [1.0, 1.0]
+    assert len(rows[2]["short_p50_ms_ratios"]) == 2
+    assert "| tiny-random (2 layers, d 32) | 2 |" in done.stdout

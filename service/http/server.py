@@ -6,10 +6,14 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import socket
+import sys
 import time
 from collections.abc import Callable
+from multiprocessing.synchronize import Event
 from types import FrameType
+from typing import Any
 
 import onnxruntime as ort
 import uvicorn
@@ -101,7 +105,9 @@ class DrainingServer(uvicorn.Server):
         started = time.monotonic()
         end = started + self.grace_s
         st = self.app.state
-        log.info("draining: %.1f s to answer %d requests in flight", self.grace_s, st.metrics.active)
+        log.info(
+            "draining: %.1f s to answer %d requests in flight", self.grace_s, st.metrics.active
+        )
         st.registry.begin_drain(self.grace_s - margin_s(self.grace_s))
         while st.metrics.active > 0 and time.monotonic() < end - 0.05:
             await asyncio.sleep(0.02)  # the server's own loop; nothing waits on this but exit
@@ -160,8 +166,36 @@ def serve_command(args: argparse.Namespace) -> int:
             return 1
         from service.http.workers import supervise
 
-        return supervise(settings, overrides)
+        return supervise(settings, overrides, run_worker)
     return serve(settings)
+
+
+def run_worker(overrides: dict[str, Any], index: int, sock: socket.socket, started: Event) -> None:
+    """One of HEADWISE_WORKERS (spawned by service/http/workers.py): pinned to its CPUs, its
+    threads set, then a whole server accepting on `sock`."""
+    from service.engine.cpu import share
+    from service.http.workers import die_with_parent
+
+    # Its own process group: a terminal's Ctrl-C reaches the supervisor, which passes it on
+    # once (twice would stop a worker without its drain); and it goes when the supervisor does.
+    os.setpgrp()
+    die_with_parent()
+    settings = Settings(**overrides)
+    configure_logging(settings.log_level, settings.log_format)
+    part = share(index, settings.workers)
+    if part.cpus is not None:
+        os.sched_setaffinity(0, part.cpus)
+    if not settings.threads:
+        settings = settings.model_copy(update={"threads": part.threads})
+    log.info(
+        "worker %d of %d (pid %d): %d threads%s",
+        index + 1,
+        settings.workers,
+        os.getpid(),
+        settings.threads,
+        f" on CPUs {part.cpus}" if part.cpus is not None else "",
+    )
+    sys.exit(serve(settings, sockets=[sock], on_started=started.set))
 
 
 def serve(

@@ -30,14 +30,13 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from types import FrameType
 from typing import Any
 
-from service.engine.cpu import share
 from service.engine.memory import memory_limit
 from service.metrics import MULTIPROC_ENV
 from service.settings import Settings
@@ -45,6 +44,8 @@ from service.settings import Settings
 log = logging.getLogger("headwise")
 
 POLL_S = 0.2
+# A worker's body: (its settings' overrides, its index, its socket, set once it listens).
+Worker = Callable[[dict[str, Any], int, socket.socket, Event], None]
 
 
 def worker_settings(settings: Settings, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -75,32 +76,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def worker_main(overrides: dict[str, Any], index: int, sock: socket.socket, started: Event) -> None:
-    """One worker: pinned to its CPUs, its threads set, then a whole server on the port."""
-    from service.http.server import configure_logging, serve
-
-    # Its own process group: a terminal's Ctrl-C reaches the supervisor, which passes it on
-    # once (twice would stop a worker without its drain); and it goes when the supervisor does.
-    os.setpgrp()
-    die_with_parent()
-    settings = Settings(**overrides)
-    configure_logging(settings.log_level, settings.log_format)
-    part = share(index, settings.workers)
-    if part.cpus is not None:
-        os.sched_setaffinity(0, part.cpus)
-    if not settings.threads:
-        settings = settings.model_copy(update={"threads": part.threads})
-    log.info(
-        "worker %d of %d (pid %d): %d threads%s",
-        index + 1,
-        settings.workers,
-        os.getpid(),
-        settings.threads,
-        f" on CPUs {part.cpus}" if part.cpus is not None else "",
-    )
-    sys.exit(serve(settings, sockets=[sock], on_started=started.set))
-
-
 def die_with_parent() -> None:
     """SIGTERM (a drain) to this process when its parent dies, even killed (Linux's prctl)."""
     try:
@@ -113,7 +88,8 @@ def die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, overrides: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, overrides: dict[str, Any], target: Worker) -> None:
+        self.target = target
         self.host, self.port = settings.host, settings.port
         self.count = settings.workers
         self.overrides = worker_settings(settings, overrides)
@@ -129,7 +105,7 @@ class Supervisor:
         sock = sock or listening_socket(self.host, self.port)
         started = self.context.Event()
         proc = self.context.Process(
-            target=worker_main,
+            target=self.target,
             args=(self.overrides, index, sock, started),
             name=f"headwise-worker-{index + 1}",
         )
@@ -181,7 +157,9 @@ class Supervisor:
             time.sleep(POLL_S)
 
 
-def supervise(settings: Settings, overrides: dict[str, Any]) -> int:
+def supervise(settings: Settings, overrides: dict[str, Any], target: Worker) -> int:
+    """Serve with `settings.workers` processes, each running `target` (service.http.server's
+    run_worker: passed in, a module-level function the spawned process imports by name)."""
     sockets: list[socket.socket] = []
     try:  # all bound before any worker starts: a port held elsewhere fails here, at once
         for _ in range(settings.workers):
@@ -193,7 +171,7 @@ def supervise(settings: Settings, overrides: dict[str, Any]) -> int:
         return 1
     folder = tempfile.mkdtemp(prefix="headwise-metrics-")
     os.environ[MULTIPROC_ENV] = folder  # the workers, spawned after this, inherit it
-    supervisor = Supervisor(settings, overrides)
+    supervisor = Supervisor(settings, overrides, target)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, supervisor.signal)
     log.info("%d workers on %s:%d", settings.workers, settings.host, settings.port)

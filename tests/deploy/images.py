@@ -114,12 +114,34 @@ def check_cpu_quota(image: str) -> None:
     check(ok, f"--cpus 1: 1 usable CPU and 1 ONNX Runtime thread{why}")
 
 
+def check_workers(image: str) -> None:
+    """HEADWISE_WORKERS=2 in the container: two server processes answer on the one port, and
+    `podman stop` (SIGTERM to the supervisor, PID 1) drains both and exits 0."""
+    with run_container(image, "-e", "HEADWISE_WORKERS=2") as box:
+        wait_ready(box)
+        pids: set[int] = set()
+
+        def both() -> bool:
+            status, body = http("GET", f"{box.url}/info", timeout=10)
+            if status == 200:
+                pids.add(json.loads(body)["workers"]["pid"])
+            return len(pids) == 2
+
+        wait_until("two workers answering /info", both, 120)
+        status, _ = http("POST", f"{box.url}/encode", {"inputs": "hello"}, timeout=60)
+        check(status == 200 and len(pids) == 2, f"HEADWISE_WORKERS=2: pids {sorted(pids)} answer")
+        stop = podman("stop", "--time", "45", box.name, check_rc=False, timeout=90)
+        code = box.inspect("{{.State.ExitCode}}")
+        check(stop.returncode == 0 and code == "0", f"both workers drained, exit 0 (got {code})")
+
+
 # ---- item 1: the cpu image --------------------------------------------------------------------
 
 
 def check_cpu_image(image: str) -> None:
     check_no_torch(image)
     check_cpu_quota(image)
+    check_workers(image)
     with run_container(image) as box:
         wait_ready(box)
         check(box.inspect("{{.Config.User}}") == f"{UID}:{UID}", f"runs as {UID}")

@@ -20,7 +20,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from service.engine.batch_policy import BatchPolicy
 from service.engine.cost import CostModel
-from service.engine.memory import peak_rss_bytes
+from service.engine.memory import peak_rss_bytes, process_rss_bytes
 
 # Geometric buckets: 100 µs ... ~60 s, ×2 per step.
 DURATION_BUCKETS = tuple(round(0.0001 * 2**i, 6) for i in range(20))
@@ -295,9 +295,9 @@ class WorkersMemory:
     def collect(self) -> Iterator[Metric]:
         now = peak = 0
         for pid in self.pids():
-            fields = status_fields(Path(f"/proc/{pid}/status"))
-            now += fields.get("VmRSS", 0)
-            peak += fields.get("VmHWM", 0)
+            rss, high = process_rss_bytes(pid)
+            now += rss
+            peak += high
         yield GaugeMetricFamily(
             "process_resident_memory_bytes", "Resident memory of every worker, summed", value=now
         )
@@ -306,18 +306,3 @@ class WorkersMemory:
             "Each worker's highest resident set size since it started, summed",
             value=peak,
         )
-
-
-def status_fields(path: Path) -> dict[str, int]:
-    """/proc/PID/status's kB fields, in bytes ({} for a process gone)."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        parts = value.split()
-        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
-            out[key] = int(parts[0]) * 1024
-    return out

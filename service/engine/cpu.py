@@ -118,14 +118,19 @@ class Cores:
         return {"usable": self.usable, "machine": self.machine, "why": self.why}
 
 
+def allowed_cpus() -> list[int]:
+    """The CPUs this process's affinity allows (taskset, a cpuset); every CPU off Linux."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
 def cores(paths: Sequence[Path] | None = None) -> Cores:
     """The CPUs this process may use: its affinity's, capped by its container's CPU quota.
     Read on each call (cheap): sessions are built a few times a process."""
     machine = os.cpu_count() or 1
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        allowed = machine
+    allowed = len(allowed_cpus())
     quota, source = quota_cpus(CGROUP_CPU if paths is None else paths)
     if quota is not None and quota < allowed:
         return Cores(quota, machine, f"{source}: {quota} of {machine} CPUs")
@@ -176,15 +181,9 @@ def share(index: int, count: int, allowed: Sequence[int] | None = None,
     CPUs are shared round-robin) and one thread per CPU of it; where a CPU quota is tighter, no
     pinning (the quota is the container's, not a CPU's) and the quota's CPUs split as evenly.
     allowed / quota: the process's (os.sched_getaffinity, the cgroup's) unless given."""
-    if allowed is None:
-        allowed = (
-            sorted(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else list(range(os.cpu_count() or 1))
-        )
+    cpus = allowed_cpus() if allowed is None else list(allowed)
     if quota is None:
         quota, _ = quota_cpus(CGROUP_CPU)
-    cpus = list(allowed)
     if quota is not None and quota < len(cpus):
         return Share(None, _part(quota, index, count))
     if count >= len(cpus):

@@ -29,6 +29,22 @@ def rss_bytes() -> int:
         return 0
 
 
+def process_rss_bytes(pid: int) -> tuple[int, int]:
+    """Another process's resident set size now and its high-water mark (/proc/PID/status's
+    VmRSS, VmHWM); (0, 0) for a process gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0, 0
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if key in ("VmRSS", "VmHWM") and len(parts) == 2 and parts[0].isdigit():
+            fields[key] = int(parts[0]) * 1024  # kB
+    return fields.get("VmRSS", 0), fields.get("VmHWM", 0)
+
+
 def peak_rss_bytes() -> int:
     """The high-water mark of the resident set since the process started."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

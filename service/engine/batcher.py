@@ -11,7 +11,10 @@ a session with several streams, `concurrency` batches at once, each on its own t
 stream of the cores: OpenVINO's streams), except a small batch when
 nothing else is queued or arriving (inline_max_tokens): that one runs on the loop, which has
 nothing else to do, and saves the two thread hops (~0.3 ms of one short text's ~2.5 ms on a
-2-core CPU, measured by bench's short-text latency). A failed batch fails every
+2-core CPU, measured by bench's short-text latency). A request that is such a batch on its own
+is computed by `enqueue` itself, its futures done when it returns: without the turns of the
+loop to the worker and back to the handler (~0.08 ms of a short text on 2 cores; it lets the
+loop turn once first, so that requests already read still share a batch). A failed batch fails every
 request in it, and the worker carries on. Texts whose caller went away or whose deadline
 passed are dropped before they cost compute. The queue is bounded: a submit that does not fit
 is refused at once (429), so nothing waits forever.
@@ -180,7 +183,7 @@ class DynamicBatcher:
             self._worker(), name=f"batcher-{self.name}"
         )
 
-    def submit(
+    async def enqueue(
         self,
         sequences: Sequence[Sequence[int]],
         deadline: float,
@@ -189,11 +192,35 @@ class DynamicBatcher:
         gates: Sequence[Any] | None = None,
         pixels: Sequence[Any] | None = None,
     ) -> list[Item]:
+        """`submit`, except a request that is a small batch on its own while the batcher is
+        idle: after one turn of the loop (requests already read get to queue, or to announce
+        themselves as arriving, first: they still share a batch), if it is still alone its batch
+        is computed here and its futures are done on return, without the turns of the loop to
+        the worker and back to the handler."""
+        if self._alone(len(sequences), max(map(len, sequences), default=0)):
+            self.arriving += 1  # on its way: requests read meanwhile queue rather than wait too
+            try:
+                await asyncio.sleep(0)
+            finally:
+                self.arriving -= 1
+        return self.submit(sequences, deadline, types, masks, gates, pixels, at_once=True)
+
+    def submit(
+        self,
+        sequences: Sequence[Sequence[int]],
+        deadline: float,
+        types: Sequence[Sequence[int]] | None = None,
+        masks: Sequence[Sequence[int]] | None = None,
+        gates: Sequence[Any] | None = None,
+        pixels: Sequence[Any] | None = None,
+        at_once: bool = False,
+    ) -> list[Item]:
         """Queue every sequence or none (429 when they don't fit); one item (future) each.
         deadline: the monotonic time by which its request must be answered. masks: each
         sequence's own attention mask (an explanation leaves tokens out), default all ones;
         gates: its head gates (L, h) for the attention graph (an explanation leaves heads out);
-        pixels: an image's pixel values (C, H, W), for a vision tower's batcher."""
+        pixels: an image's pixel values (C, H, W), for a vision tower's batcher. at_once: computed
+        here instead when it is a small batch alone on an idle batcher (`enqueue`)."""
         if self._closing:
             raise Unavailable("the server is shutting down", retry_after=1)
         if len(self._queue) + len(sequences) > self.policy.max_queue:
@@ -214,10 +241,13 @@ class DynamicBatcher:
                 sequences, kinds, own, gated, images, strict=True
             )
         ]
+        self.submitted += len(items)
+        if at_once and self._inline(items):
+            self._run_now(items)
+            return items
         for it in items:
             it.future.add_done_callback(self._on_done)
         self._queue.extend(items)
-        self.submitted += len(items)
         self._queue_changed()
         self._wakeup.set()
         return items
@@ -321,50 +351,95 @@ class DynamicBatcher:
             if len(self._runs) >= self.concurrency:  # every stream busy: wait for one
                 await asyncio.wait(set(self._runs), return_when=asyncio.FIRST_COMPLETED)
 
-    def _inline(self, padded: Batch) -> bool:
-        """Small, and nobody else waiting for the loop's attention or the backend."""
+    def _inline(self, batch: list[Item]) -> bool:
+        return self._alone(len(batch), max(it.length for it in batch))
+
+    def _alone(self, count: int, longest: int) -> bool:
+        """Small (padded), and nobody else waiting for the loop's attention or the backend."""
+        limit = self.policy.inline_max_tokens
         return (
-            padded.input_ids.size <= self.policy.inline_max_tokens
+            limit > 0
+            and count <= self.policy.max_batch_size
+            and count * longest <= limit
             and not self._queue
             and self.arriving == 0
             and not self._running
         )
 
-    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[Item]) -> None:
+    def _begin(self, batch: list[Item]) -> tuple[Batch, float, float]:
+        """The batch padded, its texts stamped as started, and its predicted seconds."""
+        padded = Batch.of(
+            [it.ids for it in batch],
+            self._pad_id,
+            [it.types for it in batch],
+            [it.mask for it in batch],
+            [it.gates for it in batch],
+            [it.pixels for it in batch],
+        )
+        started = time.monotonic()
+        for it in batch:
+            it.started = started
+        rows, n = padded.input_ids.shape
+        return padded, started, self.batch_s(rows, n)
+
+    def _failed(self, batch: list[Item], exc: Exception) -> None:
+        """One failed batch fails its texts, never the worker."""
+        log.exception("%s batch of %d failed", self.name, len(batch))
+        for it in batch:
+            if not it.future.done():
+                it.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
+
+    def _run_now(self, batch: list[Item]) -> None:
+        """A small batch computed on the loop (its futures are done on return): at submit, or
+        by the worker when the rest of the queue left it alone."""
         try:
-            padded = Batch.of(
-                [it.ids for it in batch],
-                self._pad_id,
-                [it.types for it in batch],
-                [it.mask for it in batch],
-                [it.gates for it in batch],
-                [it.pixels for it in batch],
-            )
-            started = time.monotonic()
-            for it in batch:
-                it.started = started
-            rows, n = padded.input_ids.shape
-            predicted = self.batch_s(rows, n)
-            inline = self._inline(padded)
+            padded, started, predicted = self._begin(batch)
             ticket = self.device.enter()
             self._running[ticket] = (predicted, started)
             try:
-                if inline:
-                    out = self._infer(padded)
-                else:  # under load the loop keeps answering (health, refusals) while this runs
-                    out = await loop.run_in_executor(self._executor, self._infer, padded)
+                out = self._infer(padded)
             finally:
                 del self._running[ticket]
                 alone = self.device.leave(ticket)
             seconds = time.monotonic() - started
             if len(out) != len(batch):
                 raise RuntimeError(f"backend returned {len(out)} rows for {len(batch)} texts")
-        except Exception as exc:  # one failed batch must not kill the worker
-            log.exception("%s batch of %d failed", self.name, len(batch))
-            for it in batch:
-                if not it.future.done():
-                    it.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - answered as the worker's batches are
+            self._failed(batch, exc)
             return
+        self._settle(batch, padded, out, seconds, alone, predicted)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[Item]) -> None:
+        if self._inline(batch):
+            self._run_now(batch)
+            return
+        try:
+            padded, started, predicted = self._begin(batch)
+            ticket = self.device.enter()
+            self._running[ticket] = (predicted, started)
+            try:  # under load the loop keeps answering (health, refusals) while this runs
+                out = await loop.run_in_executor(self._executor, self._infer, padded)
+            finally:
+                del self._running[ticket]
+                alone = self.device.leave(ticket)
+            seconds = time.monotonic() - started
+            if len(out) != len(batch):
+                raise RuntimeError(f"backend returned {len(out)} rows for {len(batch)} texts")
+        except Exception as exc:  # noqa: BLE001 - one failed batch must not kill the worker
+            self._failed(batch, exc)
+            return
+        self._settle(batch, padded, out, seconds, alone, predicted)
+
+    def _settle(
+        self,
+        batch: list[Item],
+        padded: Batch,
+        out: Any,
+        seconds: float,
+        alone: bool,
+        predicted: float,
+    ) -> None:
+        """The answers handed over, then the bookkeeping: the cost's refinement, the metrics."""
         self.batches += 1
         for it, row in zip(batch, out, strict=True):
             it.inference_s = seconds
@@ -374,8 +449,9 @@ class DynamicBatcher:
         # The answers first: the waiting handlers run before the bookkeeping below (a refit
         # is scheduled after them on the loop, not run on their path). Beside another batch
         # its time is not its own: only a batch that ran alone refines the fit.
+        rows, n = padded.input_ids.shape
         if alone and self.cost.observe(rows, n, seconds, defer=True):
-            loop.call_soon(self._refit)
+            asyncio.get_running_loop().call_soon(self._refit)
         if self._observer:
             real = sum(it.length for it in batch)
             self._observer.batch(len(batch), padded.input_ids.size, real, seconds)

@@ -140,13 +140,13 @@ class Intake:
         tokenised. Nothing is promised: `run` admits the request again on its exact sequences."""
         self.admission.release(self.admit(lengths, call, unit))
 
-    def _submit(self, prepared: Prepared, deadline: float) -> list[Item]:
+    async def _submit(self, prepared: Prepared, deadline: float) -> list[Item]:
         """Every sequence queued in its lane (or none: 429), its item at its own index."""
         seqs, types, masks, gates = prepared.sequences, prepared.types, prepared.masks, prepared.gates
         pixels = prepared.pixels
         lanes = self.lanes([len(x) for x in seqs])
-        if len(lanes) == 1:
-            return lanes[0][0].submit(seqs, deadline, types, masks, gates, pixels)
+        if len(lanes) == 1:  # a small request alone may be computed at once (`enqueue`)
+            return await lanes[0][0].enqueue(seqs, deadline, types, masks, gates, pixels)
         items: list[Item | None] = [None] * len(seqs)
         queued: list[Item] = []
         try:
@@ -207,7 +207,7 @@ class Intake:
                 async with contextlib.AsyncExitStack() as held:
                     if hold is not None:
                         await _enter(held, hold(piece), call)
-                    items = self._submit(piece, call.deadline)
+                    items = await self._submit(piece, call.deadline)
                     self.admission.release(promised)  # queued: the batchers count it now
                     promised = 0.0
                     rows += await call.wait([it.future for it in items])

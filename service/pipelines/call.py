@@ -144,6 +144,8 @@ class Call:
         Whatever is not needed any more is cancelled, so the batcher drops it unrun.
         """
         self.check()
+        if all(f.done() for f in futures):  # computed at submit (a lone short text): no wait
+            return [f.result() for f in futures]
         gathered = asyncio.gather(*futures)
         waiters: set[asyncio.Future[Any]] = {gathered}
         watch = self._watching()

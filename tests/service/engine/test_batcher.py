@@ -398,6 +398,62 @@ def test_a_small_batch_on_an_idle_batcher_runs_on_the_event_loop():
     assert run(go()) == [threading.current_thread()]
 
 
+def test_a_small_request_alone_is_computed_by_enqueue_itself():
+    """No turn of the loop to the worker and back: its futures are done when enqueue returns,
+    and the worker never woke (its batch counted, the queue never held it)."""
+
+    async def go():
+        infer, depths = Threads(), Depths()
+        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=8), depths)
+        b.start()
+        items = await b.enqueue(seqs(3), soon(5))
+        done = [it.future.done() for it in items]
+        await b.stop()
+        return done, items[0].future.result(), infer.ran_on, depths.seen, b.batches
+
+    done, result, ran_on, depths, batches = run(go())
+    assert done == [True] and result == 3 and batches == 1
+    assert ran_on == [threading.current_thread()]
+    assert depths == []  # never queued
+
+
+@pytest.mark.parametrize(
+    ("lengths", "why"), [((9,), "over inline_max_tokens"), ((3, 3, 3), "3 x 3 padded > 8")]
+)
+def test_a_request_too_large_to_run_inline_is_queued_by_enqueue(lengths, why):
+    async def go():
+        infer = Threads()
+        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=8))
+        b.start()
+        items = await b.enqueue(seqs(*lengths), soon(5))
+        done = any(it.future.done() for it in items)
+        await asyncio.gather(*(it.future for it in items))
+        await b.stop()
+        return done, infer.ran_on
+
+    done, (thread,) = run(go())
+    assert not done, why
+    assert thread is not threading.current_thread(), why
+
+
+def test_requests_read_together_share_a_batch_though_each_alone_would_run_at_once():
+    """A burst read in one turn of the loop (each request's handler reaching enqueue before
+    the others') is batched, not computed one request at a time: the first lets the loop turn
+    once, announced as arriving, so the others queue; it then queues behind them."""
+
+    async def go():
+        rec = Recorder()
+        b = await started(rec, inline_max_tokens=64)
+        got = await asyncio.gather(*(b.enqueue(seqs(3, start=k), soon(5)) for k in range(4)))
+        results = await asyncio.gather(*(items[0].future for items in got))
+        await b.stop()
+        return rec.batches, results
+
+    batches, results = run(go())
+    assert batches == [(4, 3)]
+    assert results == [3 * k for k in range(4)]
+
+
 @pytest.mark.parametrize("inline_max_tokens", [0, 8])
 def test_calibration_runs_the_session_on_every_thread_that_will_call_it(inline_max_tokens):
     """ONNX Runtime's first runs on a thread new to a session took 3x the steady time: the

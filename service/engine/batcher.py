@@ -12,9 +12,9 @@ stream of the cores: OpenVINO's streams), except a small batch when
 nothing else is queued or arriving (inline_max_tokens): that one runs on the loop, which has
 nothing else to do, and saves the two thread hops (~0.3 ms of one short text's ~2.5 ms on a
 2-core CPU, measured by bench's short-text latency). A request that is such a batch on its own
-is computed by `enqueue` itself, its futures done when it returns: without the turns of the
+is computed by `submit` itself, its futures done when it returns: without the turns of the
 loop to the worker and back to the handler (~0.08 ms of a short text on 2 cores; it lets the
-loop turn once first, so that requests already read still share a batch). A failed batch fails every
+loop turn once first, `yield_if_alone`, so that requests already read still share a batch). A failed batch fails every
 request in it, and the worker carries on. Texts whose caller went away or whose deadline
 passed are dropped before they cost compute. The queue is bounded: a submit that does not fit
 is refused at once (429), so nothing waits forever.
@@ -27,13 +27,15 @@ prices requests with the same predictions (`predict`, `backlog_s`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -47,6 +49,18 @@ from service.tensors import Batch
 log = logging.getLogger(__name__)
 
 Infer = Callable[[Batch], Sequence[Any] | np.ndarray]  # one output row per sequence
+
+
+@dataclass
+class Run:
+    """A batch being computed: its inputs, when it began, its predicted and actual seconds."""
+
+    padded: Batch
+    started: float
+    predicted: float
+    out: Sequence[Any] | np.ndarray = ()
+    seconds: float = 0.0
+    alone: bool = False
 
 
 class BatchObserver(Protocol):
@@ -183,27 +197,16 @@ class DynamicBatcher:
             self._worker(), name=f"batcher-{self.name}"
         )
 
-    async def enqueue(
-        self,
-        sequences: Sequence[Sequence[int]],
-        deadline: float,
-        types: Sequence[Sequence[int]] | None = None,
-        masks: Sequence[Sequence[int]] | None = None,
-        gates: Sequence[Any] | None = None,
-        pixels: Sequence[Any] | None = None,
-    ) -> list[Item]:
-        """`submit`, except a request that is a small batch on its own while the batcher is
-        idle: after one turn of the loop (requests already read get to queue, or to announce
-        themselves as arriving, first: they still share a batch), if it is still alone its batch
-        is computed here and its futures are done on return, without the turns of the loop to
-        the worker and back to the handler."""
+    async def yield_if_alone(self, sequences: Sequence[Sequence[int]]) -> None:
+        """Before `submit(..., at_once=True)` of a request that would be a small batch on its own
+        while the batcher is idle: one turn of the loop, announced as arriving, so that requests
+        already read queue first (and share a batch) rather than each being computed alone."""
         if self._alone(len(sequences), max(map(len, sequences), default=0)):
-            self.arriving += 1  # on its way: requests read meanwhile queue rather than wait too
+            self.arriving += 1
             try:
                 await asyncio.sleep(0)
             finally:
                 self.arriving -= 1
-        return self.submit(sequences, deadline, types, masks, gates, pixels, at_once=True)
 
     def submit(
         self,
@@ -219,8 +222,9 @@ class DynamicBatcher:
         deadline: the monotonic time by which its request must be answered. masks: each
         sequence's own attention mask (an explanation leaves tokens out), default all ones;
         gates: its head gates (L, h) for the attention graph (an explanation leaves heads out);
-        pixels: an image's pixel values (C, H, W), for a vision tower's batcher. at_once: computed
-        here instead when it is a small batch alone on an idle batcher (`enqueue`)."""
+        pixels: an image's pixel values (C, H, W), for a vision tower's batcher. at_once: when it
+        is a small batch alone on an idle batcher, computed here (after `yield_if_alone`): its
+        futures are done on return."""
         if self._closing:
             raise Unavailable("the server is shutting down", retry_after=1)
         if len(self._queue) + len(sequences) > self.policy.max_queue:
@@ -366,8 +370,10 @@ class DynamicBatcher:
             and not self._running
         )
 
-    def _begin(self, batch: list[Item]) -> tuple[Batch, float, float]:
-        """The batch padded, its texts stamped as started, and its predicted seconds."""
+    @contextlib.contextmanager
+    def _computing(self, batch: list[Item]) -> Iterator[Run]:
+        """The batch padded and stamped as started, counted as running while the block computes
+        `run.out`; then its time, whether it ran alone, and its row count checked."""
         padded = Batch.of(
             [it.ids for it in batch],
             self._pad_id,
@@ -379,8 +385,17 @@ class DynamicBatcher:
         started = time.monotonic()
         for it in batch:
             it.started = started
-        rows, n = padded.input_ids.shape
-        return padded, started, self.batch_s(rows, n)
+        run = Run(padded, started, self.batch_s(*padded.input_ids.shape))
+        ticket = self.device.enter()
+        self._running[ticket] = (run.predicted, started)
+        try:
+            yield run
+        finally:
+            del self._running[ticket]
+            run.alone = self.device.leave(ticket)
+        run.seconds = time.monotonic() - started
+        if len(run.out) != len(batch):
+            raise RuntimeError(f"backend returned {len(run.out)} rows for {len(batch)} texts")
 
     def _failed(self, batch: list[Item], exc: Exception) -> None:
         """One failed batch fails its texts, never the worker."""
@@ -393,55 +408,30 @@ class DynamicBatcher:
         """A small batch computed on the loop (its futures are done on return): at submit, or
         by the worker when the rest of the queue left it alone."""
         try:
-            padded, started, predicted = self._begin(batch)
-            ticket = self.device.enter()
-            self._running[ticket] = (predicted, started)
-            try:
-                out = self._infer(padded)
-            finally:
-                del self._running[ticket]
-                alone = self.device.leave(ticket)
-            seconds = time.monotonic() - started
-            if len(out) != len(batch):
-                raise RuntimeError(f"backend returned {len(out)} rows for {len(batch)} texts")
+            with self._computing(batch) as run:
+                run.out = self._infer(run.padded)
         except Exception as exc:  # noqa: BLE001 - answered as the worker's batches are
             self._failed(batch, exc)
             return
-        self._settle(batch, padded, out, seconds, alone, predicted)
+        self._settle(batch, run)
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[Item]) -> None:
         if self._inline(batch):
             self._run_now(batch)
             return
-        try:
-            padded, started, predicted = self._begin(batch)
-            ticket = self.device.enter()
-            self._running[ticket] = (predicted, started)
-            try:  # under load the loop keeps answering (health, refusals) while this runs
-                out = await loop.run_in_executor(self._executor, self._infer, padded)
-            finally:
-                del self._running[ticket]
-                alone = self.device.leave(ticket)
-            seconds = time.monotonic() - started
-            if len(out) != len(batch):
-                raise RuntimeError(f"backend returned {len(out)} rows for {len(batch)} texts")
+        try:  # under load the loop keeps answering (health, refusals) while this runs
+            with self._computing(batch) as run:
+                run.out = await loop.run_in_executor(self._executor, self._infer, run.padded)
         except Exception as exc:  # noqa: BLE001 - one failed batch must not kill the worker
             self._failed(batch, exc)
             return
-        self._settle(batch, padded, out, seconds, alone, predicted)
+        self._settle(batch, run)
 
-    def _settle(
-        self,
-        batch: list[Item],
-        padded: Batch,
-        out: Any,
-        seconds: float,
-        alone: bool,
-        predicted: float,
-    ) -> None:
+    def _settle(self, batch: list[Item], run: Run) -> None:
         """The answers handed over, then the bookkeeping: the cost's refinement, the metrics."""
+        padded, seconds = run.padded, run.seconds
         self.batches += 1
-        for it, row in zip(batch, out, strict=True):
+        for it, row in zip(batch, run.out, strict=True):
             it.inference_s = seconds
             it.batch_size, it.batch_tokens = len(batch), int(padded.input_ids.size)
             if not it.future.done():
@@ -450,13 +440,13 @@ class DynamicBatcher:
         # is scheduled after them on the loop, not run on their path). Beside another batch
         # its time is not its own: only a batch that ran alone refines the fit.
         rows, n = padded.input_ids.shape
-        if alone and self.cost.observe(rows, n, seconds, defer=True):
+        if run.alone and self.cost.observe(rows, n, seconds, defer=True):
             asyncio.get_running_loop().call_soon(self._refit)
         if self._observer:
             real = sum(it.length for it in batch)
             self._observer.batch(len(batch), padded.input_ids.size, real, seconds)
-            if predicted > 0:
-                self._observer.predicted(predicted, seconds)
+            if run.predicted > 0:
+                self._observer.predicted(run.predicted, seconds)
 
     def _refit(self) -> None:
         self.cost.refit()

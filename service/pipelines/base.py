@@ -145,8 +145,10 @@ class Intake:
         seqs, types, masks, gates = prepared.sequences, prepared.types, prepared.masks, prepared.gates
         pixels = prepared.pixels
         lanes = self.lanes([len(x) for x in seqs])
-        if len(lanes) == 1:  # a small request alone may be computed at once (`enqueue`)
-            return await lanes[0][0].enqueue(seqs, deadline, types, masks, gates, pixels)
+        if len(lanes) == 1:  # a small request alone is computed at once, after one turn
+            batcher = lanes[0][0]
+            await batcher.yield_if_alone(seqs)
+            return batcher.submit(seqs, deadline, types, masks, gates, pixels, at_once=True)
         items: list[Item | None] = [None] * len(seqs)
         queued: list[Item] = []
         try:

@@ -398,7 +398,13 @@ def test_a_small_batch_on_an_idle_batcher_runs_on_the_event_loop():
     assert run(go()) == [threading.current_thread()]
 
 
-def test_a_small_request_alone_is_computed_by_enqueue_itself():
+async def enqueue(b: DynamicBatcher, sequences: list[list[int]], deadline: float) -> list[Item]:
+    """What the pipelines do: one turn when the request could run alone, then submit."""
+    await b.yield_if_alone(sequences)
+    return b.submit(sequences, deadline, at_once=True)
+
+
+def test_a_small_request_alone_is_computed_by_submit_itself():
     """No turn of the loop to the worker and back: its futures are done when enqueue returns,
     and the worker never woke (its batch counted, the queue never held it)."""
 
@@ -406,7 +412,7 @@ def test_a_small_request_alone_is_computed_by_enqueue_itself():
         infer, depths = Threads(), Depths()
         b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=8), depths)
         b.start()
-        items = await b.enqueue(seqs(3), soon(5))
+        items = await enqueue(b, seqs(3), soon(5))
         done = [it.future.done() for it in items]
         await b.stop()
         return done, items[0].future.result(), infer.ran_on, depths.seen, b.batches
@@ -420,12 +426,12 @@ def test_a_small_request_alone_is_computed_by_enqueue_itself():
 @pytest.mark.parametrize(
     ("lengths", "why"), [((9,), "over inline_max_tokens"), ((3, 3, 3), "3 x 3 padded > 8")]
 )
-def test_a_request_too_large_to_run_inline_is_queued_by_enqueue(lengths, why):
+def test_a_request_too_large_to_run_inline_is_queued(lengths, why):
     async def go():
         infer = Threads()
         b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=8))
         b.start()
-        items = await b.enqueue(seqs(*lengths), soon(5))
+        items = await enqueue(b, seqs(*lengths), soon(5))
         done = any(it.future.done() for it in items)
         await asyncio.gather(*(it.future for it in items))
         await b.stop()
@@ -444,7 +450,7 @@ def test_requests_read_together_share_a_batch_though_each_alone_would_run_at_onc
     async def go():
         rec = Recorder()
         b = await started(rec, inline_max_tokens=64)
-        got = await asyncio.gather(*(b.enqueue(seqs(3, start=k), soon(5)) for k in range(4)))
+        got = await asyncio.gather(*(enqueue(b, seqs(3, start=k), soon(5)) for k in range(4)))
         results = await asyncio.gather(*(items[0].future for items in got))
         await b.stop()
         return rec.batches, results

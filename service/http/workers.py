@@ -8,9 +8,11 @@ hands it: the kernel spreads new connections evenly over them. One listening soc
 all (uvicorn's --workers) spread them unevenly: 32 clients connecting at once mostly reached
 the worker that woke first (bench.workers: 0.90-1.28x one process's texts/s, where clients
 split evenly by hand gave 1.18x). The price: connections still waiting to be accepted by a
-worker that dies are reset (those it had accepted die with it either way); those arriving after
-go to the others (now and then one is reset while it restarts: tests/service/http/
-test_workers.py, cause not found), and the worker is restarted. Each worker has its own models, its
+worker that dies are reset (those it had accepted die with it either way), and so are those that
+reach its socket before the kernel closes it: a killed worker's socket closes with the last of
+its threads, measured up to 7 ms after its main thread shows as a zombie. From then on new
+connections go to the others (tests/service/http/test_workers.py), and the worker is restarted.
+Each worker has its own models, its
 slice of the CPUs (service/engine/cpu.share: pinned where affinity limits the process, threads
 split where a container's quota does) and its share of the memory limit and of the connection
 and request limits, so that the whole stays within what one process was given.

@@ -67,6 +67,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     api_key = settings.api_key.get_secret_value() if settings.api_key else None
     rehearsal = Rehearsal(app, table, api_key)
     warm = asyncio.create_task(registry.warm(settings.warmup, rehearsal))
+    if st.listen_when_ready:  # uvicorn listens once the startup is over: after the warm-up
+        await warm
     trimmer = asyncio.create_task(Trimmer(registry.activity).run())
     try:
         yield
@@ -105,6 +107,7 @@ def create_app(
     st.loader = loader or onnx_loader
     st.metrics = Metrics()
     st.table = table
+    st.listen_when_ready = False  # serve() sets it for a worker that replaces one
     answers = Answers(table)
     answers.install(app)
     mount(app, table)

@@ -170,9 +170,11 @@ def serve_command(args: argparse.Namespace) -> int:
     return serve(settings)
 
 
-def run_worker(overrides: dict[str, Any], index: int, sock: socket.socket, started: Event) -> None:
+def run_worker(
+    overrides: dict[str, Any], index: int, sock: socket.socket, started: Event, replaces: bool
+) -> None:
     """One of HEADWISE_WORKERS (spawned by service/http/workers.py): pinned to its CPUs, its
-    threads set, then a whole server accepting on `sock`."""
+    threads set, then a whole server accepting on `sock` (once ready when it `replaces` one)."""
     from service.engine.cpu import share
     from service.http.workers import die_with_parent
 
@@ -195,15 +197,18 @@ def run_worker(overrides: dict[str, Any], index: int, sock: socket.socket, start
         settings.threads,
         f" on CPUs {part.cpus}" if part.cpus is not None else "",
     )
-    sys.exit(serve(settings, sockets=[sock], on_started=started.set))
+    sys.exit(serve(settings, sockets=[sock], on_started=started.set, listen_when_ready=replaces))
 
 
 def serve(
     settings: Settings,
     sockets: list[socket.socket] | None = None,
     on_started: Callable[[], None] | None = None,
+    listen_when_ready: bool = False,
 ) -> int:
-    """Load the models, then serve until a signal (on `sockets`: a worker's, else the port)."""
+    """Load the models, then serve until a signal (on `sockets`: a worker's, else the port).
+    listen_when_ready: accept connections only once warmed (a worker replacing one that died:
+    its siblings answer meanwhile); else at once, /health answering while it warms."""
     try:
         bundles = check_bundles(settings)
         if settings.device == "cuda":  # fail before binding the port when the GPU is missing
@@ -223,6 +228,7 @@ def serve(
         return loaded[spec]
 
     app = create_app(settings, loader=preloaded)
+    app.state.listen_when_ready = listen_when_ready
     limits = Limits(
         header_timeout_s=settings.header_timeout_s,
         max_header_bytes=settings.max_header_bytes,

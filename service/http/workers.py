@@ -11,7 +11,9 @@ split evenly by hand gave 1.18x). The price: connections still waiting to be acc
 worker that dies are reset (those it had accepted die with it either way), and so are those that
 reach its socket before the kernel closes it: a killed worker's socket closes with the last of
 its threads, measured up to 7 ms after its main thread shows as a zombie. From then on new
-connections go to the others (tests/service/http/test_workers.py), and the worker is restarted.
+connections go to the others (tests/service/http/test_workers.py), and the worker is restarted:
+its replacement listens only once it is ready (its models warmed and timed), so that until then
+the others take every connection (one that listened at once answered them 503 not ready).
 Each worker has its own models, its
 slice of the CPUs (service/engine/cpu.share: pinned where affinity limits the process, threads
 split where a container's quota does) and its share of the memory limit and of the connection
@@ -47,8 +49,9 @@ from service.settings import Settings
 log = logging.getLogger("headwise")
 
 POLL_S = 0.2
-# A worker's body: (its settings' overrides, its index, its socket, set once it listens).
-Worker = Callable[[dict[str, Any], int, socket.socket, Event], None]
+# A worker's body: (its settings' overrides, its index, its socket, set once it listens, whether
+# it replaces one that died: then it listens only once ready).
+Worker = Callable[[dict[str, Any], int, socket.socket, Event, bool], None]
 
 
 def worker_settings(settings: Settings, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -104,12 +107,15 @@ class Supervisor:
     def start(
         self, index: int, sock: socket.socket | None = None
     ) -> tuple[multiprocessing.process.BaseProcess, Event]:
-        """Worker `index` on a new socket of the port (`sock`: one bound already)."""
+        """Worker `index` on a new socket of the port (`sock`: one bound already; none: it
+        replaces one that died, and listens only once ready, so that the others answer
+        meanwhile rather than it answering 503 not ready)."""
+        replaces = sock is None
         sock = sock or listening_socket(self.host, self.port)
         started = self.context.Event()
         proc = self.context.Process(
             target=self.target,
-            args=(self.overrides, index, sock, started),
+            args=(self.overrides, index, sock, started, replaces),
             name=f"headwise-worker-{index + 1}",
         )
         proc.start()

@@ -209,6 +209,28 @@ def test_a_killed_worker_is_replaced(workers) -> None:
     assert proc.poll() is None
 
 
+def test_a_replacement_takes_connections_only_once_ready(workers) -> None:
+    """While the killed worker's replacement loads and warms its models, the other worker takes
+    every new connection: no request is answered 503 not ready."""
+    proc, url, pids = workers
+    victim = min(pids)
+    own = listening(socket_inodes(victim))
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while listening(own) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    statuses: list[int] = []
+    seen: set[int] = set()
+    deadline = time.monotonic() + 90
+    while len(seen - {victim}) < 2 and time.monotonic() < deadline:  # until the replacement answers
+        status, _ = call(url, "POST", "/encode", {"inputs": "while it restarts"})
+        statuses.append(status)
+        seen.add(json.loads(call(url)[1])["workers"]["pid"])
+    assert len(seen - {victim}) == 2, seen
+    statuses += [call(url, "POST", "/encode", {"inputs": f"after {i}"})[0] for i in range(20)]
+    assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+
+
 def test_sigterm_drains_every_worker_and_exits_0(workers) -> None:
     proc, url, pids = workers
     proc.send_signal(signal.SIGTERM)

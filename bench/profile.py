@@ -3,7 +3,11 @@
 samples `headwise serve` under the same load and sums the samples per thread and, for the
 event-loop thread, per package.
 
-python -m bench.profile --bundle B [--seconds 12] [--raw FILE] [--no-spy]
+python -m bench.profile --bundle B [--seconds 12] [--raw FILE] [--no-spy] [--clients 32]
+
+--clients N adds the server under load: N clients sending one text a request, each of the
+server's threads' CPU time (from /proc, no sampler) per request answered, and the load
+generator's own: what the event loop costs a request when it shares the cores with the runs.
 
 py-spy (in the `bench` extra) needs ptrace rights over the server: root, or
 kernel.yama.ptrace_scope=0. Wall-clock samples, idle included: a thread's share is the time it
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import shutil
 import socket
@@ -61,6 +66,64 @@ def summarise(raw: str, requests: int, seconds: float) -> str:
     for key, n in packages.most_common(15):
         lines.append(f"| {key} | {n / total * 100:.1f} % |")
     return "\n".join(lines)
+
+
+def stat_cpu_s(stat: str, ticks: int) -> float:
+    """A thread's user + system CPU seconds from its /proc/.../stat line."""
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def threads_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds so far of each of the process's threads, by thread id."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[int(task.name)] = stat_cpu_s((task / "stat").read_text(), ticks)
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return out
+
+
+def loaded_table(
+    pid: int,
+    before: dict[int, float],
+    after: dict[int, float],
+    requests: int,
+    seconds: float,
+    client_s: float,
+) -> str:
+    """Each thread's CPU over the run: share of a core and ms per request (the event loop is
+    the main thread: its id is the process's), the load generator's last."""
+    lines = [
+        f"{requests} requests in {seconds:.1f} s: {requests / seconds:.0f} a second",
+        "",
+        "| thread | CPU, share of a core | CPU ms per request |",
+        "| --- | ---: | ---: |",
+    ]
+    used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    for tid, cpu in sorted(used.items(), key=lambda kv: -kv[1]):
+        if cpu < 0.01 * seconds:
+            continue
+        name = "event loop (main thread)" if tid == pid else f"thread {tid}"
+        lines.append(f"| {name} | {cpu / seconds * 100:.0f} % | {cpu / requests * 1e3:.3f} |")
+    lines.append(
+        f"| load generator | {client_s / seconds * 100:.0f} % | {client_s / requests * 1e3:.3f} |"
+    )
+    total = sum(used.values()) + client_s
+    lines += ["", f"All together {total / seconds * 100:.0f} % of a core."]
+    return "\n".join(lines)
+
+
+def under_load(url: str, pid: int, texts: list[str], clients: int, total: int) -> str:
+    requests = build_requests(url, "/encode", texts)
+    asyncio.run(run_load(url, requests, clients, min(total, 500)))  # warm, batches refitted
+    before, cpu0, t0 = threads_cpu(pid), time.process_time(), time.monotonic()
+    r = asyncio.run(run_load(url, requests, clients, total))
+    seconds, client_s = time.monotonic() - t0, time.process_time() - cpu0
+    table = loaded_table(pid, before, threads_cpu(pid), r.requests, seconds, client_s)
+    return f"{clients} clients, one text a request\n\n{table}"
 
 
 STAGES = ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time")
@@ -113,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw", type=Path, default=Path("bench/results/profile.txt"))
     p.add_argument("--requests", type=int, default=1000, help="for the stage table")
     p.add_argument("--spy", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--clients", type=int, default=0, help="also the threads' CPU under load")
+    p.add_argument("--loaded-requests", type=int, default=3000)
     args = p.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     texts = corpus.sentences(512)
@@ -122,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         requests = build_requests(url, "/encode", [short])
         print(stages(timed_requests(url, requests[0], args.requests)))  # noqa: T201 - output
+        if args.clients:
+            table = under_load(url, proc.pid, texts, args.clients, args.loaded_requests)
+            print(f"\n{table}")  # noqa: T201 - output
         if not args.spy:
             return 0
         asyncio.run(run_load(url, requests, 1, 300))

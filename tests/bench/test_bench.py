@@ -195,3 +195,24 @@ def test_families_runs_and_reports(tmp_path):
     out = json.loads((tmp_path / "families.json").read_text())
     assert out["families"]["bert"]["docs_per_s_128"]["http"] > 0
     assert "| bert | 128 |" in (tmp_path / "families.md").read_text()
+
+
+def test_profile_under_load_gives_each_threads_cpu_per_request():
+    from bench.profile import loaded_table, stat_cpu_s
+
+    # /proc/<pid>/task/<tid>/stat: the 14th and 15th fields are user and system ticks; the
+    # command name may hold spaces and parentheses.
+    stat = "42 (python (x) y) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3"
+    assert stat_cpu_s(stat, 100) == 3.0
+    before = {42: 1.0, 43: 5.0, 44: 0.0}
+    after = {42: 3.0, 43: 13.0, 44: 0.001, 45: 7.0}  # 45 started during the run
+    table = loaded_table(42, before, after, requests=1000, seconds=10.0, client_s=0.5)
+    assert "1000 requests in 10.0 s: 100 a second" in table
+    assert "| thread 43 | 80 % | 8.000 |" in table
+    assert "| thread 45 | 70 % | 7.000 |" in table
+    assert "| event loop (main thread) | 20 % | 2.000 |" in table
+    assert "| load generator | 5 % | 0.500 |" in table
+    assert "thread 44" not in table  # idle threads are left out
+    assert "All together 175 % of a core." in table
+    # busiest first
+    assert table.index("| thread 43") < table.index("| thread 45") < table.index("| event loop")

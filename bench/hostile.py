@@ -36,7 +36,7 @@ import httpx
 
 from bench.corpus import sentences
 from bench.results_io import save
-from bench.server import exported, launch, stop
+from bench.server import cpu_seconds, exported, launch, stop
 
 log = logging.getLogger("hostile")
 RESULTS = Path("bench/results")
@@ -60,11 +60,6 @@ def ranker_bundle(out: Path) -> Path:
     cmd = [sys.executable, "-m", "service.cli", "export", "--model", str(folder), "--out", str(out)]
     subprocess.run(cmd, check=True)
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:

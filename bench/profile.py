@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import shutil
 import socket
@@ -32,7 +31,7 @@ from urllib.parse import urlsplit
 
 from bench import baselines, corpus
 from bench.loadgen import build_requests, run_load
-from bench.server import launch
+from bench.server import cpu_seconds, launch
 
 IDLE = ("Runner.run", "_worker (concurrent/futures/thread.py:81)", "Condition.wait")
 
@@ -68,19 +67,12 @@ def summarise(raw: str, requests: int, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def stat_cpu_s(stat: str, ticks: int) -> float:
-    """A thread's user + system CPU seconds from its /proc/.../stat line."""
-    fields = stat.rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
 def threads_cpu(pid: int) -> dict[int, float]:
     """CPU seconds so far of each of the process's threads, by thread id."""
-    ticks = os.sysconf("SC_CLK_TCK")
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            out[int(task.name)] = stat_cpu_s((task / "stat").read_text(), ticks)
+            out[int(task.name)] = cpu_seconds(pid, int(task.name))
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
     return out

@@ -13,6 +13,19 @@ from pathlib import Path
 from typing import IO
 
 
+def stat_cpu_s(stat: str, ticks: int) -> float:
+    """User + system CPU seconds from a /proc/PID/stat (or .../task/TID/stat) line: the 14th
+    and 15th fields, counted after the command name (which may hold spaces and parentheses)."""
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """CPU seconds so far of process `pid`, or of its thread `tid`."""
+    path = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
+    return stat_cpu_s(path.read_text(), os.sysconf("SC_CLK_TCK"))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

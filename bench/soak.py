@@ -25,18 +25,15 @@ from pathlib import Path
 
 from bench.server import get, launch, stop
 from bench.soak_client import Conn, Recorder, encode_body, log_uniform, text_of
+from service.engine.memory import process_rss_bytes
 
 log = logging.getLogger("soak")
 
 
 def proc_memory(pid: int) -> tuple[float, float]:
     """(RSS, high-water mark) in MB, from /proc."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) / 1024
-    return fields["VmRSS"], fields["VmHWM"]
+    rss, high = process_rss_bytes(pid)
+    return rss / 2**20, high / 2**20
 
 
 async def sampler(pid: int, out: list, t0: float, stop_at: asyncio.Event) -> None:

@@ -88,8 +88,10 @@ def create_app(
     loader: Loader | None = None,
     lane: bool = True,
     table: RouteTable = TABLE,
+    listen_when_ready: bool = False,
 ) -> FastAPI:
-    """lane=False leaves every route to FastAPI (tests compare the two)."""
+    """lane=False leaves every route to FastAPI (tests compare the two). listen_when_ready: the
+    startup (after which uvicorn listens) awaits the warm-up (a worker that replaces one)."""
     settings = settings or Settings()
     app = FastAPI(
         title="headwise",
@@ -107,7 +109,7 @@ def create_app(
     st.loader = loader or onnx_loader
     st.metrics = Metrics()
     st.table = table
-    st.listen_when_ready = False  # serve() sets it for a worker that replaces one
+    st.listen_when_ready = listen_when_ready
     answers = Answers(table)
     answers.install(app)
     mount(app, table)

@@ -227,8 +227,7 @@ def serve(
     def preloaded(spec: ModelSpec, s: Settings) -> Backend:
         return loaded[spec]
 
-    app = create_app(settings, loader=preloaded)
-    app.state.listen_when_ready = listen_when_ready
+    app = create_app(settings, loader=preloaded, listen_when_ready=listen_when_ready)
     limits = Limits(
         header_timeout_s=settings.header_timeout_s,
         max_header_bytes=settings.max_header_bytes,

@@ -198,7 +198,8 @@ def test_families_runs_and_reports(tmp_path):
 
 
 def test_profile_under_load_gives_each_threads_cpu_per_request():
-    from bench.profile import loaded_table, stat_cpu_s
+    from bench.profile import loaded_table
+    from bench.server import stat_cpu_s
 
     # /proc/<pid>/task/<tid>/stat: the 14th and 15th fields are user and system ticks; the
     # command name may hold spaces and parentheses.

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -27,6 +28,29 @@ def client_for(
         if wait_ready:
             client.portal.call(app.state.registry.wait_ready)
         yield client
+
+
+class _Through(httpx.BaseTransport):
+    """An httpx transport that hands each request to a TestClient."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.client = client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        r = self.client.request(
+            request.method, str(request.url), headers=request.headers.multi_items(),
+            content=request.read(),
+        )  # fmt: skip
+        # the body as decoded: no content-encoding for httpx to undo again
+        drop = {"content-encoding", "content-length"}
+        headers = [(k, v) for k, v in r.headers.multi_items() if k.lower() not in drop]
+        return httpx.Response(r.status_code, headers=headers, content=r.content)
+
+
+def httpx_client(client: TestClient) -> httpx.Client:
+    """An `httpx.Client` over the in-process app, for SDKs that take one: Starlette's TestClient
+    is built on httpx2, whose request options (timeouts' sentinels) httpx's SDKs do not share."""
+    return httpx.Client(transport=_Through(client), base_url=str(client.base_url))
 
 
 @pytest.fixture(scope="module")

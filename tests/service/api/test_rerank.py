@@ -18,7 +18,7 @@ import torch
 from service.http.app import create_app
 from service.settings import Settings
 from tests.export.test_architectures import export, save_checkpoint, transformers_model
-from tests.service.conftest import client_for
+from tests.service.conftest import client_for, httpx_client
 
 QUERY = "how do I reset my password?"
 DOCS = [
@@ -70,7 +70,9 @@ def sigmoid(x):
     return 1 / (1 + np.exp(-x))
 
 
-def assert_ranked(indices: list[int], scores: list[float], want: np.ndarray, top: int | None = None):
+def assert_ranked(
+    indices: list[int], scores: list[float], want: np.ndarray, top: int | None = None
+):
     """Best first, each score transformers' to 1e-4, and the order theirs wherever their scores
     differ by more than that (closer ones may tie-break either way across runtimes)."""
     assert scores == sorted(scores, reverse=True)
@@ -115,7 +117,11 @@ def test_cohere_v1_and_jina_shape_with_top_n_and_documents(client, bundles):
 def test_the_cohere_v2_sdk_parses_our_answer(client, bundles):
     import cohere
 
-    co = cohere.ClientV2(api_key="unused", base_url=str(client.base_url), httpx_client=client)
+    co = cohere.ClientV2(
+        api_key="unused",
+        base_url=str(client.base_url),
+        httpx_client=httpx_client(client),
+    )
     res = co.rerank(model="rerank-v3.5", query=QUERY, documents=DOCS, top_n=3)
     want = sigmoid(hf_logits(bundles["ranker"], [(QUERY, d) for d in DOCS])[:, 0])
     assert len(res.results) == 3
@@ -128,7 +134,11 @@ def test_the_cohere_v2_sdk_parses_our_answer(client, bundles):
 def test_the_cohere_v1_sdk_parses_our_answer(client):
     import cohere
 
-    co = cohere.Client(api_key="unused", base_url=str(client.base_url), httpx_client=client)
+    co = cohere.Client(
+        api_key="unused",
+        base_url=str(client.base_url),
+        httpx_client=httpx_client(client),
+    )
     res = co.rerank(model="ranker", query=QUERY, documents=DOCS, return_documents=True)
     assert len(res.results) == len(DOCS) and res.results[0].document.text in DOCS
 

@@ -639,6 +639,7 @@ class Registry:
                 for model in self:
                     await loop.run_in_executor(None, model.backend.warmup)
                     await self.calibrate(model)
+                    await self.spin_up(model)
                     if rehearse is not None and model.backend.measurable:  # not a test's fake
                         await rehearse(model)
             self.warm_rss = rss_bytes()
@@ -672,6 +673,20 @@ class Registry:
                 c.batcher.name, cost.calibration_s, c.longest, cost.longest_measured,
                 f.batch_s * 1e3, f.token_s * 1e6, f.pair_s * 1e6,
             )  # fmt: skip
+
+    async def spin_up(self, model: Model) -> None:
+        """Every thread of every batcher of the model runs its session before ready (those
+        calibration ran on have), at the shortest shape its calibration runs: whether or not
+        calibration runs, and for the batchers it does not time (token states, several
+        outputs, the long lane's when a rate is stated); not a test's fake, whose runs are
+        not the machine's."""
+        if not model.backend.measurable:
+            return
+        token = model.backend.manifest.vocab_size // 2
+        short = {id(c.batcher): (1, c.shortest) for c in model.calibrations}
+        default = (1, min(8, model.backend.manifest.max_length))
+        for batcher in model.batchers:
+            await batcher.spin_up(short.get(id(batcher), default), token)
 
     def begin_drain(self, grace_s: float) -> None:
         """Shutdown has begun: new requests are refused (503, `require_ready`), and every

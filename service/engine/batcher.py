@@ -41,8 +41,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.engine.batch_policy import BatchPolicy, Item, packed, select_batch
-from service.engine.calibrate import measure, shapes, spin_up
-from service.engine.cost import CostModel, Device
+from service.engine.calibrate import THREAD_SPIN_UP_S, measure, shapes, spin_up
+from service.engine.cost import CostModel, Device, Sample
 from service.errors import InferenceFailed, Overloaded, Unavailable
 from service.tensors import Batch
 
@@ -124,6 +124,7 @@ class DynamicBatcher:
         # The batches being computed: (predicted seconds, when they began), by ticket.
         self._running: dict[int, tuple[float, float]] = {}
         self._runs: set[asyncio.Task[None]] = set()  # its batches' tasks (concurrency > 1)
+        self._spun: set[int] = set()  # the threads that have run its session (spin_up)
 
     @property
     def depth(self) -> int:
@@ -177,16 +178,41 @@ class DynamicBatcher:
         plan = shapes(longest, self.policy.max_batch_size, shortest)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        samples = await loop.run_in_executor(
-            self._executor, measure, self._infer, plan, token_id, budget_s
-        )
-        if self.policy.inline_max_tokens and plan:
-            # Small batches run on the loop's own thread when idle: it spins the session up too
-            # (else the first requests after ready ran 2-3x slower than the hundredth).
-            spin_up(self._infer, plan[0], token_id)
+
+        def timed() -> list[Sample]:
+            self._spun.add(threading.get_ident())  # measure spins its thread up first
+            return measure(self._infer, plan, token_id, budget_s)
+
+        samples = await loop.run_in_executor(self._executor, timed)
         self.cost.calibrate(samples, time.monotonic() - started)
         if self._observer:
             self._observer.capacity(self.cost, self.policy)
+
+    async def spin_up(self, shape: tuple[int, int], token_id: int) -> None:
+        """Every thread that will compute this batcher's batches runs `shape` for a moment
+        before ready (calibrate's thread already has): each of its executor's `concurrency`
+        threads, and the loop's own where small batches run inline. A thread's first runs of a
+        session are slow (ONNX Runtime's took 3x; OpenVINO makes each thread an infer request,
+        warmed at every short length, on its first run: 0.4 s on 2 cores): without this, the
+        first burst after ready on two OpenVINO streams waited 0.4 s on the second thread."""
+        loop = asyncio.get_running_loop()
+        gate = threading.Barrier(self.concurrency)
+
+        def one() -> None:
+            # Each task holds its thread until every one has a thread: the pool starts them all.
+            with contextlib.suppress(threading.BrokenBarrierError):
+                gate.wait(timeout=10)
+            if threading.get_ident() not in self._spun:
+                spin_up(self._infer, shape, token_id, seconds=THREAD_SPIN_UP_S)
+                self._spun.add(threading.get_ident())
+
+        await asyncio.gather(
+            *(loop.run_in_executor(self._executor, one) for _ in range(self.concurrency))
+        )
+        if self.policy.inline_max_tokens and threading.get_ident() not in self._spun:
+            # On the loop itself: nothing is served yet.
+            spin_up(self._infer, shape, token_id, seconds=THREAD_SPIN_UP_S)
+            self._spun.add(threading.get_ident())
 
     def rejected(self, reason: str) -> None:
         if self._observer:

@@ -40,6 +40,8 @@ OUTLIER = 0.2  # off the fit by this share: timed again
 # Before anything is timed, the first shape runs untimed this long: the first runs after a
 # quiet spell are slower (short shapes by a quarter: threads and caches cold).
 SPIN_UP_S = 0.2
+# A thread that serves, not times, needs only its first few runs behind it before ready.
+THREAD_SPIN_UP_S = 0.05
 
 
 def shapes(longest: int, max_rows: int, shortest: int = 8) -> list[tuple[int, int]]:
@@ -63,8 +65,9 @@ def spin_up(
     shape: tuple[int, int],
     token_id: int,
     clock: Callable[[], float] = time.perf_counter,
+    seconds: float = SPIN_UP_S,
 ) -> float:
-    """`shape` run untimed for about SPIN_UP_S on the calling thread; the seconds it took.
+    """`shape` run untimed for about `seconds` on the calling thread; the seconds it took.
 
     ONNX Runtime's first runs on a thread new to a session took 3x the steady time (15 vs
     4.6 ms, three or four runs: the caller's own buffers), and OpenVINO makes an infer request
@@ -72,7 +75,7 @@ def spin_up(
     ids = np.full(shape, token_id, dtype=np.int64)
     batch = Batch(ids, np.ones_like(ids))
     spent = 0.0
-    while spent < SPIN_UP_S:
+    while spent < seconds:
         started = clock()
         run(batch)
         spent += clock() - started

@@ -295,7 +295,8 @@ def test_the_start_probe_fits_any_vocabulary_and_any_length(cls, sep, pad, vocab
 def test_a_server_on_two_openvino_streams_answers_many_clients_as_one_stream_does(default_bundle):
     """HEADWISE_OPENVINO_STREAMS=2: two batches computed at once (each on its own stream and
     thread); 24 requests sent together get the same vectors as on one stream, /info says how
-    many streams serve, and the memory bound counts a batch per stream."""
+    many streams serve, the memory bound counts a batch per stream, and no thread makes (and
+    warms) its infer request while serving."""
     import concurrent.futures
 
     texts = [f"{t} ({k})" for k in range(4) for t in TEXTS]
@@ -315,8 +316,12 @@ def test_a_server_on_two_openvino_streams_answers_many_clients_as_one_stream_doe
                 assert r.status_code == 200, r.text
                 return r.json()["embeddings"][0]
 
+            session = c.app.state.registry.first.backend.session
+            before = len(session._requests)  # one infer request a thread that ran it
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
                 answers[streams] = np.array(list(pool.map(one, texts)))
+            # Every thread that serves had its request made and warmed before ready.
+            assert len(session._requests) == before
     assert cosines(answers[2], answers[1]).min() > 0.99999
     assert batches[2] == 2 * batches[1]  # the memory bound holds two batches a batcher
 

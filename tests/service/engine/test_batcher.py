@@ -460,22 +460,48 @@ def test_requests_read_together_share_a_batch_though_each_alone_would_run_at_onc
     assert results == [3 * k for k in range(4)]
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
 @pytest.mark.parametrize("inline_max_tokens", [0, 8])
-def test_calibration_runs_the_session_on_every_thread_that_will_call_it(inline_max_tokens):
-    """ONNX Runtime's first runs on a thread new to a session took 3x the steady time: the
-    loop's thread, which runs small batches inline, is spun up before ready too."""
+def test_every_thread_that_will_call_the_session_runs_it_before_ready(
+    inline_max_tokens, concurrency
+):
+    """ONNX Runtime's first runs on a thread new to a session took 3x the steady time, and
+    OpenVINO warms a new thread's infer request at every short length (0.4 s on 2 cores): the
+    loop's thread, which runs small batches inline, and each of `concurrency` inference threads
+    (OpenVINO's streams) run it before ready; batches served later run on no other thread.
+    Calibration's thread is not spun up twice."""
 
     async def go():
         infer = Threads()
-        b = DynamicBatcher(infer, BatchPolicy(inline_max_tokens=inline_max_tokens))
+        b = DynamicBatcher(
+            infer, BatchPolicy(inline_max_tokens=inline_max_tokens, max_batch_size=1),
+            concurrency=concurrency,
+        )  # fmt: skip
         await b.calibrate(16, 5, 0.5)
+        calibrated = len(infer.ran_on)
+        await b.spin_up((1, 8), 5)
+        spun = set(infer.ran_on)
+        again = len(infer.ran_on)
+        await b.spin_up((1, 8), 5)  # every thread has: nothing runs
+        assert len(infer.ran_on) == again
+        b.start()
+        served = len(infer.ran_on)
+        await asyncio.gather(*(it.future for it in b.submit(seqs(*[9] * 8), soon(5))))
         await b.stop()
-        return set(infer.ran_on)
+        return (
+            spun,
+            set(infer.ran_on[served:]),
+            infer.ran_on[0],
+            set(infer.ran_on[calibrated:again]),
+        )
 
-    threads = run(go())
+    spun, serving, calibration, spin = run(go())
     here = threading.current_thread()
-    assert (here in threads) is bool(inline_max_tokens)
-    assert len(threads - {here}) == 1  # and its inference thread, as before
+    assert (here in spun) is bool(inline_max_tokens)
+    assert len(spun - {here}) == concurrency
+    assert serving <= spun, "a batch ran on a thread that had not run the session"
+    assert calibration not in spin, "calibration's thread was spun up again"
+    assert spin | {calibration} == spun
 
 
 @pytest.mark.parametrize(

@@ -477,6 +477,10 @@ class Registry:
         self.drain = Drain()
         self.ready = False
         self.load_error: str | None = None
+        # HEADWISE_WORKERS: this worker says it came up (ready once), and whether every worker
+        # on the port has; readiness probes answer ready only then (service/http/workers.py).
+        self.came_up: Callable[[], None] = lambda: None
+        self.peers_up: Callable[[], bool] = lambda: True
         self.warm_rss = 0  # resident bytes once loaded and warm: the memory bound's base
         self._ready_event = asyncio.Event()
 
@@ -613,6 +617,13 @@ class Registry:
         work = sum(b.batches + b.submitted for m in self for b in m.batchers)
         return work + self.metrics.finished
 
+    @property
+    def probed_ready(self) -> bool:
+        """What readiness probes answer: this server ready, and every worker on its port up
+        (one ready beside one still warming had the other's share of connections answered 503
+        not ready while the port said ready)."""
+        return self.ready and self.peers_up()
+
     def require_ready(self) -> None:
         if self.drain.draining:
             raise Unavailable("the server is shutting down: retry on another replica", retry_after=1)
@@ -645,6 +656,7 @@ class Registry:
             self.warm_rss = rss_bytes()
             self.metrics.memory_bound.set(self.memory()["bound_bytes"])
             self.ready = True
+            self.came_up()
             self.metrics.ready.set(1)
             log.info("ready: %s", ", ".join(self.models))
         except Exception as exc:

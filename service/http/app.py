@@ -26,6 +26,7 @@ from service.http.middleware import HeadwiseMiddleware
 from service.http.rehearsal import Rehearsal
 from service.http.routing import mount
 from service.http.tracing import Tracing
+from service.http.workers import Peers
 from service.metrics import Metrics
 from service.registry import Loader, ModelSpec, Registry
 from service.settings import Settings
@@ -46,6 +47,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     specs = [ModelSpec.parse(text) for text in settings.bundle_specs()]
     registry = Registry.load(specs, st.loader, settings, st.metrics, table.paths_for)
     st.registry = registry
+    if st.peers is not None:
+        registry.came_up, registry.peers_up = st.peers.came_up, st.peers.all_up
     for model in registry:
         runtime = model.backend.info
         st.metrics.info.labels(
@@ -89,9 +92,11 @@ def create_app(
     lane: bool = True,
     table: RouteTable = TABLE,
     listen_when_ready: bool = False,
+    peers: Peers | None = None,
 ) -> FastAPI:
     """lane=False leaves every route to FastAPI (tests compare the two). listen_when_ready: the
-    startup (after which uvicorn listens) awaits the warm-up (a worker that replaces one)."""
+    startup (after which uvicorn listens) awaits the warm-up (a worker that replaces one).
+    peers: HEADWISE_WORKERS' (probes say ready once every worker came up)."""
     settings = settings or Settings()
     app = FastAPI(
         title="headwise",
@@ -110,6 +115,7 @@ def create_app(
     st.metrics = Metrics()
     st.table = table
     st.listen_when_ready = listen_when_ready
+    st.peers = peers
     answers = Answers(table)
     answers.install(app)
     mount(app, table)

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from service.bundle import Bundle, BundleError, load_bundle
 from service.engine.runtime import Backend, DeviceUnavailable, OnnxBackend, choose_providers
 from service.http.protocol import Limits, guarded
+from service.http.workers import Peers
 from service.registry import ModelSpec, load_backends, unique_names
 from service.settings import Settings
 
@@ -171,10 +172,16 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def run_worker(
-    overrides: dict[str, Any], index: int, sock: socket.socket, started: Event, replaces: bool
+    overrides: dict[str, Any],
+    index: int,
+    sock: socket.socket,
+    started: Event,
+    replaces: bool,
+    up: Any,
 ) -> None:
     """One of HEADWISE_WORKERS (spawned by service/http/workers.py): pinned to its CPUs, its
-    threads set, then a whole server accepting on `sock` (once ready when it `replaces` one)."""
+    threads set, then a whole server accepting on `sock` (once ready when it `replaces` one),
+    ready to probes once every worker came up (`up`: their flags)."""
     from service.engine.cpu import share
     from service.http.workers import die_with_parent
 
@@ -197,7 +204,11 @@ def run_worker(
         settings.threads,
         f" on CPUs {part.cpus}" if part.cpus is not None else "",
     )
-    sys.exit(serve(settings, sockets=[sock], on_started=started.set, listen_when_ready=replaces))
+    peers = Peers(up, index)
+    code = serve(
+        settings, sockets=[sock], on_started=started.set, listen_when_ready=replaces, peers=peers
+    )
+    sys.exit(code)
 
 
 def serve(
@@ -205,10 +216,12 @@ def serve(
     sockets: list[socket.socket] | None = None,
     on_started: Callable[[], None] | None = None,
     listen_when_ready: bool = False,
+    peers: Peers | None = None,
 ) -> int:
     """Load the models, then serve until a signal (on `sockets`: a worker's, else the port).
     listen_when_ready: accept connections only once warmed (a worker replacing one that died:
-    its siblings answer meanwhile); else at once, /health answering while it warms."""
+    its siblings answer meanwhile); else at once, /health answering while it warms. peers: the
+    workers on the port (ready to probes once all came up)."""
     try:
         bundles = check_bundles(settings)
         if settings.device == "cuda":  # fail before binding the port when the GPU is missing
@@ -227,7 +240,7 @@ def serve(
     def preloaded(spec: ModelSpec, s: Settings) -> Backend:
         return loaded[spec]
 
-    app = create_app(settings, loader=preloaded, listen_when_ready=listen_when_ready)
+    app = create_app(settings, loader=preloaded, listen_when_ready=listen_when_ready, peers=peers)
     limits = Limits(
         header_timeout_s=settings.header_timeout_s,
         max_header_bytes=settings.max_header_bytes,

@@ -38,6 +38,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from types import FrameType
 from typing import Any
@@ -50,8 +51,26 @@ log = logging.getLogger("headwise")
 
 POLL_S = 0.2
 # A worker's body: (its settings' overrides, its index, its socket, set once it listens, whether
-# it replaces one that died: then it listens only once ready).
-Worker = Callable[[dict[str, Any], int, socket.socket, Event, bool], None]
+# it replaces one that died: then it listens only once ready, the workers' came-up flags).
+Worker = Callable[[dict[str, Any], int, socket.socket, Event, bool, Any], None]
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The workers on the port, as one worker sees them: a flag each, set once it came up
+    (ready the first time; a replacement finds its predecessor's set), in memory the supervisor
+    shares with all. Readiness probes answer ready only when every flag is set: at start one
+    worker is ready seconds before another, and the port would say ready while the other
+    answered its share of connections 503 not ready."""
+
+    flags: Any  # multiprocessing's Array("b", workers)
+    index: int
+
+    def came_up(self) -> None:
+        self.flags[self.index] = 1
+
+    def all_up(self) -> bool:
+        return all(self.flags)
 
 
 def worker_settings(settings: Settings, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -101,6 +120,7 @@ class Supervisor:
         self.overrides = worker_settings(settings, overrides)
         self.context = multiprocessing.get_context("spawn")
         self.workers: list[tuple[multiprocessing.process.BaseProcess, Event]] = []
+        self.up = self.context.Array("b", self.count, lock=False)  # Peers' flags
         self.stopping = False
         self.failed = False
 
@@ -115,7 +135,7 @@ class Supervisor:
         started = self.context.Event()
         proc = self.context.Process(
             target=self.target,
-            args=(self.overrides, index, sock, started, replaces),
+            args=(self.overrides, index, sock, started, replaces, self.up),
             name=f"headwise-worker-{index + 1}",
         )
         proc.start()

@@ -83,7 +83,7 @@ class RpcServer:
         )
 
     def serving(self, capability: Capability | None) -> bool:
-        if not self.registry.ready:
+        if not self.registry.probed_ready:
             return False
         return capability is None or any(capability in m.capabilities for m in self.registry)
 
@@ -92,7 +92,7 @@ class RpcServer:
         for name, capability in self.services.items():
             up = self.serving(capability)
             await self.health.set(name, status.SERVING if up else status.NOT_SERVING)
-        await self.health.set("", status.SERVING if self.registry.ready else status.NOT_SERVING)
+        await self.health.set("", status.SERVING if self.registry.probed_ready else status.NOT_SERVING)
 
     async def _follow(self) -> None:
         while True:

@@ -139,6 +139,31 @@ def test_ready_only_when_every_model_is_warm():
         assert c.get("/ready").status_code == 200
 
 
+def test_probes_say_ready_once_every_worker_came_up_while_this_one_serves():
+    """HEADWISE_WORKERS: a worker ready says so in the flags it shares with the others; its
+    readiness probes (/ready, the Open Inference Protocol's) answer 503 loading until every
+    flag is set, while it already serves requests."""
+    from fastapi.testclient import TestClient
+
+    from service.http.workers import Peers
+
+    flags = [0, 0]
+    app = create_app(
+        Settings(bundles=["a"]), loader=fake_loader(FakeBackend(fake_manifest("a"))),
+        peers=Peers(flags, 1),
+    )  # fmt: skip
+    with TestClient(app) as c:
+        c.portal.call(app.state.registry.wait_ready)
+        assert flags == [0, 1]
+        r = c.get("/ready")
+        assert (r.status_code, r.json()["status"]) == (503, "loading")
+        assert c.get("/v2/health/ready").status_code == 503
+        assert c.post("/encode", json={"inputs": "x"}).status_code == 200
+        flags[0] = 1
+        assert c.get("/ready").status_code == 200
+        assert c.get("/v2/health/ready").status_code == 200
+
+
 def test_concurrent_requests_mixing_models_each_get_their_own_vectors():
     small, large, _ = two_models()
 

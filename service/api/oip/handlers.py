@@ -110,7 +110,7 @@ async def model_metadata(ctx: Context, body: None = None) -> Response:
 
 async def model_ready(ctx: Context, body: None = None) -> Response:
     model = _model(ctx)
-    if not ctx.registry.ready:
+    if not ctx.registry.probed_ready:
         raise Unavailable(f"model {model.name!r} is not ready: the server is loading or draining")
     return ctx.respond({"name": model.name, "ready": True})
 

@@ -104,14 +104,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def ready(ctx: Context) -> pb.ServerReadyResponse:
-            return pb.ServerReadyResponse(ready=ctx.registry.ready)
+            return pb.ServerReadyResponse(ready=ctx.registry.probed_ready)
 
         return await self.rpcs.unary(context, f"/{SERVICE}/ServerReady", ready, ready=False)
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def ready(ctx: Context) -> pb.ModelReadyResponse:
             handlers.find(ctx, request.name, request.version)
-            return pb.ModelReadyResponse(ready=ctx.registry.ready)
+            return pb.ModelReadyResponse(ready=ctx.registry.probed_ready)
 
         return await self.rpcs.unary(context, f"/{SERVICE}/ModelReady", ready, ready=False)
 

@@ -254,3 +254,39 @@ def test_a_port_taken_fails_at_once_with_exit_1(tiny_bundle: Path, tmp_path: Pat
         holder.close()
     assert done.returncode == 1
     assert f"cannot serve: 127.0.0.1:{port}" in done.stderr
+
+
+def test_the_port_says_ready_only_once_every_worker_is(tiny_bundle: Path, tmp_path: Path) -> None:
+    """At start each worker warms on its own and one is ready before the other: /ready on the
+    port (the kernel picks the worker a connection reaches) answers 503 until both are, then
+    200 on every connection; it never says ready and then not ready again (before, a probe that
+    reached the ready worker said ready while the other answered its share 503 not ready)."""
+    port = free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--bundle", str(tiny_bundle)]
+        + ["--port", str(port), "--workers", "2"],
+        env={**os.environ, "HEADWISE_RUNTIME": "onnxruntime", "HEADWISE_HOST": "127.0.0.1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    answers: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and answers[-40:].count(200) < 40:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                status, _ = call(url, path="/ready")
+            except OSError:
+                time.sleep(0.02)
+                continue
+            answers.append(status)
+            assert status in (200, 503)
+    finally:
+        stop(proc)
+        log.close()
+    assert answers[-40:] == [200] * 40, "not ready in time"
+    first = answers.index(200)
+    assert answers[first:] == [200] * (len(answers) - first), answers
+    assert 503 in answers  # asked while warming too

@@ -67,3 +67,48 @@ def test_missing_stdlib_sources_fail_the_export_with_a_reason(monkeypatch):
     monkeypatch.setattr(quality, "_docstring_pairs", lambda stdlib: {})
     with pytest.raises(ValueError, match="--int8-pairs 0"):
         quality.docstring_pairs("gate")
+
+
+def test_pairs_come_from_the_cache_folder_after_the_first_parse(tmp_path, monkeypatch):
+    """Parsed once (what the statements-only walk finds is what ast.walk found, in its order),
+    written to the user's cache folder, then read from it without parsing; a damaged or
+    unwritable cache is parsed around."""
+    import ast
+    import sysconfig
+    from pathlib import Path
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    some = stdlib / "json"  # a small part of the library, the same code path
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    parsed = quality._docstring_pairs.__wrapped__(some)
+    cache = quality._cache_file(some)
+    assert cache.is_relative_to(tmp_path) and cache.exists() and len(parsed) > 3
+
+    walked = {}  # ast.walk's order: a repeated summary keeps the first body it met
+    for path in sorted(some.rglob("*.py")):
+        if quality.SKIPPED_DIRS & set(path.relative_to(some).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+            doc = ast.get_docstring(node) if isinstance(node, kinds) else None
+            if doc and "\n\n" in doc:
+                head, body = (" ".join(p.split()) for p in doc.split("\n\n", 1))
+                words, length = len(head.split()), len(body.split())
+                if 3 <= words <= 40 and 10 <= length <= 150 and ">>>" not in body:
+                    walked.setdefault(head, body)
+    assert list(parsed.items()) == list(walked.items())
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(quality.ast, "parse", no_parse)
+    assert quality._docstring_pairs.__wrapped__(some) == parsed  # read back, not parsed
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache.write_text("{not json", encoding="utf-8")
+    assert quality._docstring_pairs.__wrapped__(some) == parsed  # parsed around, rewritten
+    assert quality._docstring_pairs.__wrapped__(some) == parsed
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # a file where the folder would be
+    assert quality._docstring_pairs.__wrapped__(some) == parsed

@@ -126,13 +126,19 @@ def _docstring_pairs(stdlib: Path) -> dict[str, str]:
     precision (2 EPYC cores), so they are kept in the process and in the user's cache folder,
     keyed by the Python build and the extraction's version; a cache that cannot be read or
     written is parsed around."""
-    cache = _cache_file(stdlib)
+    try:  # no home folder (an arbitrary uid in a container): RuntimeError
+        cache: Path | None = _cache_file(stdlib)
+    except RuntimeError:
+        cache = None
     try:
-        items = json.loads(cache.read_text(encoding="utf-8"))
-        return {str(q): str(d) for q, d in items}
+        if cache is not None:
+            items = json.loads(cache.read_text(encoding="utf-8"))
+            return {str(q): str(d) for q, d in items}
     except (OSError, ValueError, TypeError):
         pass
     pairs = _parsed_pairs(stdlib)
+    if cache is None:
+        return pairs
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         partial = cache.with_suffix(f".{os.getpid()}.tmp")

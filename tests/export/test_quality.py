@@ -112,3 +112,10 @@ def test_pairs_come_from_the_cache_folder_after_the_first_parse(tmp_path, monkey
     blocked.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # a file where the folder would be
     assert quality._docstring_pairs.__wrapped__(some) == parsed
+    monkeypatch.delenv("XDG_CACHE_HOME")
+
+    def homeless() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(quality.Path, "home", staticmethod(homeless))  # no HOME, no passwd entry
+    assert quality._docstring_pairs.__wrapped__(some) == parsed

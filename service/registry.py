@@ -145,6 +145,11 @@ def session_cost(s: Settings, backend: Backend) -> CostModel:
     return CostModel(s.capacity_tokens_per_s, 6 * d_model, learns=backend.measurable)
 
 
+def any_word(model: Model) -> int:
+    """The id warm-up and calibration run: any word (a run's cost is not its ids')."""
+    return model.backend.manifest.vocab_size // 2
+
+
 @dataclass(frozen=True)
 class Calibration:
     """A batcher whose session warm-up times, up to the longest input it runs (from the
@@ -673,7 +678,7 @@ class Registry:
             return
         if s.calibration_s <= 0:
             return
-        token = model.backend.manifest.vocab_size // 2  # any word: the cost is not the ids'
+        token = any_word(model)
         for c in model.calibrations:
             await c.batcher.calibrate(c.longest, token, s.calibration_s, c.shortest)
             cost = c.batcher.cost
@@ -694,7 +699,7 @@ class Registry:
         not the machine's."""
         if not model.backend.measurable:
             return
-        token = model.backend.manifest.vocab_size // 2
+        token = any_word(model)
         short = {id(c.batcher): (1, c.shortest) for c in model.calibrations}
         default = (1, min(8, model.backend.manifest.max_length))
         for batcher in model.batchers:

@@ -33,8 +33,8 @@ async def health(ctx: Context, body: None = None) -> Response:
 
 def readiness(registry: Registry) -> str:
     """ready, or why not: draining, failed (to load), loading (or a sibling worker is)."""
-    if registry.ready:
-        return "ready" if registry.peers_up() else "loading"
+    if registry.probed_ready:
+        return "ready"
     if registry.drain.draining:
         return "draining"
     return "failed" if registry.load_error else "loading"

@@ -19,6 +19,7 @@ No torch here: the benchmark imports this module as well.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
@@ -113,9 +114,13 @@ def _parsed_pairs(stdlib: Path) -> dict[str, str]:
     return pairs
 
 
-def _cache_file(stdlib: Path) -> Path:
-    """Where this Python's pairs are kept between runs (the user's cache folder)."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+def _cache_file(stdlib: Path) -> Path | None:
+    """Where this Python's pairs are kept between runs (the user's cache folder); None where
+    there is none (no XDG_CACHE_HOME and no home folder: an arbitrary uid in a container)."""
+    try:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:
+        return None
     key = hashlib.sha256(f"{PAIRS_VERSION}|{sys.version}|{stdlib}".encode()).hexdigest()[:16]
     return root / "headwise" / f"docstring-pairs-{key}.json"
 
@@ -126,16 +131,10 @@ def _docstring_pairs(stdlib: Path) -> dict[str, str]:
     precision (2 EPYC cores), so they are kept in the process and in the user's cache folder,
     keyed by the Python build and the extraction's version; a cache that cannot be read or
     written is parsed around."""
-    try:  # no home folder (an arbitrary uid in a container): RuntimeError
-        cache: Path | None = _cache_file(stdlib)
-    except RuntimeError:
-        cache = None
-    try:
-        if cache is not None:
-            items = json.loads(cache.read_text(encoding="utf-8"))
-            return {str(q): str(d) for q, d in items}
-    except (OSError, ValueError, TypeError):
-        pass
+    cache = _cache_file(stdlib)
+    if cache is not None:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            return {str(q): str(d) for q, d in json.loads(cache.read_text(encoding="utf-8"))}
     pairs = _parsed_pairs(stdlib)
     if cache is None:
         return pairs

@@ -245,13 +245,20 @@ def test_every_threads_infer_request_runs_the_short_lengths_before_it_serves(tin
     """A request's first run at a shape it has not run took 1.5-2x its steady time, even where
     another request had run it: warm() warms the requests there are, and each thread's new
     request warms itself before its first run (the event loop's, the batcher's, the long
-    lane's), with the same outputs as before."""
+    lane's), with the same outputs as before. The longer lengths (`shared`), whose preparation
+    is mostly the compiled model's, run once, on the calling thread's request only."""
     import threading
 
     session = OpenVinoSession(tiny_bundle / "encoder.onnx")
-    warmed: list[tuple[int, int]] = []
+    warmed: list[tuple[int, tuple[int, int]]] = []
     real = session._warm
-    session._warm = lambda r: (warmed.append((threading.get_ident(), session._lengths)), real(r))
+
+    def spy(request, lengths=None):
+        span = (1, session._lengths) if lengths is None else (lengths.start, lengths[-1])
+        warmed.append((threading.get_ident(), span))
+        real(request, lengths)
+
+    session._warm = spy
     ids = np.array([[101, 7592, 102]], np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     names = [i.name for i in session.get_inputs()]
@@ -259,14 +266,35 @@ def test_every_threads_infer_request_runs_the_short_lengths_before_it_serves(tin
         {"token_type_ids": np.zeros_like(ids)} if "token_type_ids" in names else {}
     )
     before = session.run(None, feeds)[0]  # this thread's request: nothing to warm yet
-    session.warm(5)  # ... warmed now
+    session.warm(5, shared=9)  # ... warmed now, and the longer lengths once
     out: list[np.ndarray] = []
     worker = threading.Thread(target=lambda: out.append(session.run(None, feeds)[0]))
     worker.start()
     worker.join()
     main = threading.get_ident()
-    assert [(t == main, n) for t, n in warmed] == [(True, 0), (True, 5), (False, 5)]
+    assert [(t == main, span) for t, span in warmed] == [
+        (True, (1, 0)),
+        (True, (1, 5)),
+        (True, (6, 9)),
+        (False, (1, 5)),
+    ]
     np.testing.assert_allclose(out[0], before, rtol=1e-5, atol=1e-6)
+
+
+def test_the_shared_lengths_warm_a_request_made_later(tiny_bundle):
+    """warm(shared=...) from a thread without a request yet: its request is made, warmed to the
+    short lengths, then runs the longer ones; no length is asked beyond `shared`."""
+    session = OpenVinoSession(tiny_bundle / "encoder.onnx")
+    lengths: list[int] = []
+    real = session._warm
+    session._warm = lambda r, span=None: (
+        lengths.extend(span if span is not None else range(1, session._lengths + 1)),
+        real(r, span),
+    )
+    session.warm(3, shared=7)
+    assert lengths == list(range(1, 8))
+    session.warm(3, shared=3)  # nothing longer to run
+    assert lengths == list(range(1, 8)) + [1, 2, 3]
 
 
 @pytest.mark.parametrize(

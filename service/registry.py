@@ -248,6 +248,7 @@ def build_model(
             cost=long_lane if lane else main,
             device=admission.device,
             concurrency=streams,
+            lone=streams > 1 and backend.lone,
         )
         model.batchers.append(b)
         admission.batchers.append(b)

@@ -79,6 +79,8 @@ def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
         "graph": runtime.graph,
         "precision": runtime.precision,
         "streams": model.backend.streams,  # batches computed at once (OpenVINO's streams)
+        # ... and a batch alone with every thread, on a second compile (engine/alone.py)
+        "lone_compile": model.backend.lone,
         "fused": m.graphs[runtime.graph].fused,
         "unfused_reason": m.graphs[runtime.graph].unfused_reason,
         "fused_ops": m.graphs[runtime.graph].op_counts,

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from service.engine.alone import alone
 from service.engine.batch_policy import BatchPolicy, Item, packed, select_batch
 from service.engine.calibrate import THREAD_SPIN_UP_S, measure, shapes, spin_up
 from service.engine.cost import CostModel, Device, Sample
@@ -91,11 +92,15 @@ class DynamicBatcher:
         cost: CostModel | None = None,
         device: Device | None = None,
         concurrency: int = 1,
+        lone: bool = False,
     ) -> None:
         """nice: the CPU priority of its inference thread (19: the lowest; the long lane).
         cost: its session's cost (shared by the batchers that run the same session); device:
         the batchers that share its cores, to tell which batches ran alone. concurrency:
-        batches computed at once (its session's streams)."""
+        batches computed at once (its session's streams). lone: the session runs a batch alone
+        (engine/alone.py) with every thread: with several streams, a batch formed with nothing
+        queued behind it and nothing running runs so, and the next waits for it (one stream's
+        latency when idle, the streams' throughput under load); calibration times such runs."""
         self._infer = infer
         self.policy = policy
         self._observer = observer
@@ -108,6 +113,7 @@ class DynamicBatcher:
         self._queued: tuple[tuple[int, int], float] = ((-1, -1), 0.0)
         self._wakeup = asyncio.Event()
         self.concurrency = max(1, concurrency)
+        self.lone = lone and self.concurrency > 1
         self._executor = ThreadPoolExecutor(
             max_workers=self.concurrency,
             thread_name_prefix=f"infer-{name}",
@@ -145,9 +151,11 @@ class DynamicBatcher:
 
     def predict(self, lengths: Sequence[int]) -> float:
         """Seconds these sequences take batched alone (as this batcher's policy packs them), one
-        batch after another. On several streams this overstates under load (calibration times a
-        batch alone on one stream; two streams at once drain up to twice as fast): admission
-        errs towards refusing, never towards a missed deadline."""
+        batch after another. On several streams without a lone compile this overstates under
+        load (calibration times a batch alone on one stream; two streams at once drain up to
+        twice as fast): admission errs towards refusing, never towards a missed deadline. With
+        one (lone), calibration times the batches alone with every thread, what an idle server
+        runs, and the streams under load drain 1.1-1.2x as fast (2 cores with AMX)."""
         return sum(self.batch_s(r, n) for r, n in packed(lengths, self.policy, self._within()))
 
     def backlog_s(self) -> float:
@@ -181,7 +189,14 @@ class DynamicBatcher:
 
         def timed() -> list[Sample]:
             self._spun.add(threading.get_ident())  # measure spins its thread up first
-            return measure(self._infer, plan, token_id, budget_s)
+            if not self.lone:
+                return measure(self._infer, plan, token_id, budget_s)
+            # A batch alone with every thread; under load the streams' slower runs at once
+            # drain about as fast (1.1-1.2x on 2 cores with AMX). This thread serves the
+            # streams' runs too: spun up on them here, as spin_up would have.
+            spin_up(self._infer, (1, shortest), token_id, seconds=THREAD_SPIN_UP_S)
+            with alone():
+                return measure(self._infer, plan, token_id, budget_s)
 
         samples = await loop.run_in_executor(self._executor, timed)
         self.cost.calibrate(samples, time.monotonic() - started)
@@ -204,14 +219,17 @@ class DynamicBatcher:
                 gate.wait(timeout=10)
             if threading.get_ident() not in self._spun:
                 spin_up(self._infer, shape, token_id, seconds=THREAD_SPIN_UP_S)
+                if self.lone:  # and its batches alone, on the lone compile
+                    self._infer_alone_spun(shape, token_id)
                 self._spun.add(threading.get_ident())
 
         await asyncio.gather(
             *(loop.run_in_executor(self._executor, one) for _ in range(self.concurrency))
         )
         if self.policy.inline_max_tokens and threading.get_ident() not in self._spun:
-            # On the loop itself: nothing is served yet.
-            spin_up(self._infer, shape, token_id, seconds=THREAD_SPIN_UP_S)
+            # On the loop itself, as its batches run there (alone): nothing is served yet.
+            with alone():
+                spin_up(self._infer, shape, token_id, seconds=THREAD_SPIN_UP_S)
             self._spun.add(threading.get_ident())
 
     def rejected(self, reason: str) -> None:
@@ -375,10 +393,12 @@ class DynamicBatcher:
             if self.concurrency == 1:
                 await self._run(loop, batch)
                 continue
-            run = loop.create_task(self._run(loop, batch))
+            # Alone (nothing queued behind it, nothing running): every thread, the rest wait.
+            lone = self.lone and not self._queue and not self._runs
+            run = loop.create_task(self._run(loop, batch, lone))
             self._runs.add(run)
             run.add_done_callback(self._runs.discard)
-            if len(self._runs) >= self.concurrency:  # every stream busy: wait for one
+            if lone or len(self._runs) >= self.concurrency:  # every stream busy: wait for one
                 await asyncio.wait(set(self._runs), return_when=asyncio.FIRST_COMPLETED)
 
     def _inline(self, batch: list[Item]) -> bool:
@@ -434,20 +454,31 @@ class DynamicBatcher:
         """A small batch computed on the loop (its futures are done on return): at submit, or
         by the worker when the rest of the queue left it alone."""
         try:
-            with self._computing(batch) as run:
+            with self._computing(batch) as run, alone():
                 run.out = self._infer(run.padded)
         except Exception as exc:  # noqa: BLE001 - answered as the worker's batches are
             self._failed(batch, exc)
             return
         self._settle(batch, run)
 
-    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[Item]) -> None:
+    def _infer_alone(self, batch: Batch) -> Sequence[Any] | np.ndarray:
+        with alone():  # on the executor's thread: run_in_executor does not carry the context
+            return self._infer(batch)
+
+    def _infer_alone_spun(self, shape: tuple[int, int], token_id: int) -> None:
+        with alone():
+            spin_up(self._infer, shape, token_id, seconds=THREAD_SPIN_UP_S)
+
+    async def _run(
+        self, loop: asyncio.AbstractEventLoop, batch: list[Item], lone: bool = False
+    ) -> None:
         if self._inline(batch):
             self._run_now(batch)
             return
+        infer = self._infer_alone if lone else self._infer
         try:  # under load the loop keeps answering (health, refusals) while this runs
             with self._computing(batch) as run:
-                run.out = await loop.run_in_executor(self._executor, self._infer, run.padded)
+                run.out = await loop.run_in_executor(self._executor, infer, run.padded)
         except Exception as exc:  # noqa: BLE001 - one failed batch must not kill the worker
             self._failed(batch, exc)
             return

@@ -13,9 +13,12 @@ latency of one text), or with `streams` streams, each on its share of the cores 
 runs that many batches at once, one per thread). Under load on 2 cores two batches at once beat
 one with both threads: the threads of one run wait for each other at every op, and the server's
 own request handling keeps taking one of them away. A text alone is slower on one stream's share
-(bench/streams.py measures both). A second compile to run lone batches with every thread, beside
-the streams' (tried), kept one text's latency but lost most of the gain: the lone batch and the
-next one overlapped on three threads. One infer request per calling thread (a batcher's
+(bench/streams.py measures both), so with streams a batch alone on the session (engine/alone.py:
+the batcher's, with nothing queued behind it or running) runs on a second compile with every
+thread, and the batcher starts no other batch beside it (tried without that rule, the lone batch
+and the next overlapped on three threads and most of the gain was lost). On 2 cores with AMX, two
+streams so gave 1.14-1.18x one stream's texts/s under load at 0.97x one text's p50, for about
+300 MB more memory. One infer request per calling thread and compile (a batcher's
 inference thread, the long lane's, warm-up's): a request's output buffers are reused by its
 next run, so each output asked for is copied out, and only those (the graph computes the token
 states too; copying them on every run would cost megabytes a batch).
@@ -31,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from service.engine.alone import ALONE
 from service.engine.cpu import threads_for
 from service.manifest import Manifest, SpecialTokens
 from service.tensors import Batch
@@ -69,7 +73,12 @@ class Port:
 
 class OpenVinoSession:
     def __init__(
-        self, path: Path | str, precision: str = "fp32", threads: int = 0, streams: int = 1
+        self,
+        path: Path | str,
+        precision: str = "fp32",
+        threads: int = 0,
+        streams: int = 1,
+        lone: bool = True,
     ) -> None:
         """precision: fp32 or bf16 (asked; `precision` is what was compiled), or int8 (an NNCF
         graph). threads: 0 = one per CPU this process may use (engine/cpu.py's cores), else
@@ -87,6 +96,13 @@ class OpenVinoSession:
             config["INFERENCE_NUM_THREADS"] = count
         self.compiled = core.compile_model(model, "CPU", config)
         self.streams = int(self.compiled.get_property("NUM_STREAMS"))
+        # With streams, a batch alone on the session (engine/alone.py) runs on a second compile
+        # with every thread, as one stream would run it: the lowest latency of one text.
+        self._lone = None
+        if self.streams > 1 and lone:
+            latency = {k: v for k, v in config.items() if k not in ("NUM_STREAMS",)}
+            latency["PERFORMANCE_HINT"] = "LATENCY"
+            self._lone = core.compile_model(model, "CPU", latency)
         # A Type, not a string: str() of it reads "<Type: 'bfloat16'>".
         bf16 = self.compiled.get_property("INFERENCE_PRECISION_HINT") == openvino.Type.bf16
         self.precision = "int8" if precision == "int8" else "bf16" if bf16 else "fp32"
@@ -95,6 +111,11 @@ class OpenVinoSession:
         self._local = threading.local()
         self._requests: list[Any] = []  # every thread's (warm)
         self._lengths = 0  # warm: each request runs one text of every length up to this
+
+    @property
+    def lone(self) -> bool:
+        """Runs alone (engine/alone.py) go to a compile with every thread."""
+        return self._lone is not None
 
     def get_inputs(self) -> list[Port]:
         return self._inputs
@@ -106,9 +127,13 @@ class OpenVinoSession:
         return [PROVIDER]
 
     def _request(self) -> Any:
-        request = getattr(self._local, "request", None)
+        lone = self._lone is not None and ALONE.get()
+        slot = "lone" if lone else "request"
+        request = getattr(self._local, slot, None)
         if request is None:
-            request = self._local.request = self.compiled.create_infer_request()
+            compiled = self._lone if lone else self.compiled
+            request = compiled.create_infer_request()
+            setattr(self._local, slot, request)
             self._requests.append(request)
             self._warm(request)
         return request

@@ -70,6 +70,8 @@ class Backend(Protocol):
     measurable: bool
     # Batches its serving session computes at once (OpenVINO's streams; 1 elsewhere).
     streams: int
+    # With streams: a batch alone runs on a second compile with every thread (engine/alone.py).
+    lone: bool
 
     def tokenize(
         self, texts: list[str], add_special_tokens: bool = True, direction: Side = "right"
@@ -209,6 +211,8 @@ class OnnxBackend:
         self.inline = self.info.device == "cpu"
         self.measurable = True
         self.streams = getattr(self.session, "streams", 1)
+        # With streams: a batch alone runs on a compile with every thread (openvino_session).
+        self.lone = bool(getattr(self.session, "lone", False))
         # The long lane: one thread, no spinning, run at the lowest CPU priority by its batcher,
         # so that one long input cannot hold short ones back for seconds (a second copy of the
         # graph's weights; only for models whose inputs can be long). On a GPU runs are queued

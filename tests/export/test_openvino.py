@@ -337,6 +337,7 @@ def test_a_server_on_two_openvino_streams_answers_many_clients_as_one_stream_doe
             info = c.get("/info").json()
             model = info["models"][0]
             assert (model["runtime"], model["streams"]) == ("openvino", streams)
+            assert model["lone_compile"] is (streams > 1)
             batches[streams] = info["memory"]["encode_batches_bytes"]
 
             def one(text: str) -> list[float]:
@@ -380,6 +381,32 @@ def test_a_session_of_two_streams_runs_two_threads_at_once_with_one_streams_vect
     assert len(session._requests) == 2  # one infer request a thread
     for out in got:
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_run_alone_on_a_session_of_streams_takes_its_lone_compile_with_the_same_vectors(
+    tiny_bundle,
+):
+    """With streams, a run marked alone (engine/alone.py: the batcher's batch with nothing
+    beside it) goes to a second compile with every thread, on its own infer request; the same
+    vectors. One stream has no second compile: alone or not, one request."""
+    from service.engine.alone import alone
+
+    session = OpenVinoSession(tiny_bundle / "encoder.onnx", streams=2)
+    one = OpenVinoSession(tiny_bundle / "encoder.onnx")
+    assert (session.lone, one.lone) == (True, False)
+    assert int(session._lone.get_property("NUM_STREAMS")) == 1
+    ids = np.array([[101, 7592, 2088, 102], [101, 7592, 102, 0]], np.int64)
+    names = [i.name for i in session.get_inputs()]
+    feeds = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+    if "token_type_ids" in names:
+        feeds["token_type_ids"] = np.zeros_like(ids)
+    streamed = session.run(None, feeds)[0]
+    with alone():
+        lone = session.run(None, feeds)[0]
+        one.run(None, feeds)
+    assert len(session._requests) == 2 and session._local.lone is not session._local.request
+    assert len(one._requests) == 1
+    np.testing.assert_allclose(lone, streamed, rtol=1e-5, atol=1e-5)
 
 
 def test_streams_follow_the_cpus_the_process_may_use(tiny_bundle, monkeypatch):

@@ -75,6 +75,7 @@ class FakeBackend:
         self.inline = False  # a test may hold a batch in the backend: never on the loop
         self.measurable = False  # its runs are gated by the test: warm-up does not time them
         self.streams = 1
+        self.lone = False
         self.long_tokens = 0  # a test sets it to have a long lane
         self.long_seen: list[list[int]] = []
         self.long_entered = threading.Event()

@@ -680,3 +680,70 @@ def test_predictions_on_streams_stay_one_batch_after_another():
     one, two, backlog = run(main())
     assert one == pytest.approx(0.4) and two == pytest.approx(0.4)
     assert 0.2 < backlog <= 0.3  # the queued 0.1 s and what is left of the two running
+
+
+class Lone:
+    """A session of two streams with a lone compile: records, per batch, whether it ran alone
+    (engine/alone.py) and how many batches were running when it began."""
+
+    def __init__(self, hold_s: float = 0.05) -> None:
+        self.hold_s = hold_s
+        self.lock = threading.Lock()
+        self.running = 0
+        self.seen: list[tuple[bool, int]] = []  # (alone, batches running beside it)
+
+    def __call__(self, batch: Batch):
+        from service.engine.alone import ALONE
+
+        with self.lock:
+            self.seen.append((ALONE.get(), self.running))
+            self.running += 1
+        time.sleep(self.hold_s)
+        with self.lock:
+            self.running -= 1
+        return (batch.input_ids * batch.attention_mask).sum(1)
+
+
+def test_on_streams_a_batch_alone_runs_with_every_thread_and_the_next_waits_for_it():
+    """Two streams with a lone compile: a batch formed with nothing queued behind it and
+    nothing running runs alone (every thread), and a batch queued while it runs waits for it
+    rather than start beside it (three threads on two cores); batches queued together run on
+    the streams, two at once. Without lone, nothing runs alone and the two overlap."""
+
+    async def main(lone: bool):
+        infer = Lone()
+        policy = BatchPolicy(max_batch_size=1, max_wait_s=0.0)  # inline_max_tokens 0: no loop
+        b = DynamicBatcher(infer, policy, concurrency=2, lone=lone)
+        b.start()
+        first = b.submit(seqs(3), soon(5))
+        await asyncio.sleep(0.01)  # the first is running alone
+        second = b.submit(seqs(3), soon(5))
+        await asyncio.gather(*(it.future for it in first + second))
+        together = b.submit(seqs(3, 3), soon(5))  # queued at once: the streams' work
+        results = await asyncio.gather(*(it.future for it in together))
+        await b.stop()
+        return infer.seen, [int(r) for r in results]
+
+    seen, results = run(main(True))
+    assert results == [3, 6]
+    assert seen[:2] == [(True, 0), (True, 0)]  # the second waited, then ran alone too
+    assert sorted(seen[2:]) == [(False, 0), (False, 1)]  # together: two at once, on streams
+    seen, _ = run(main(False))
+    assert [a for a, _ in seen] == [False] * 4 and seen[1] == (False, 1)  # overlapped
+
+
+def test_calibration_on_streams_times_the_batches_alone():
+    """Its thread spun up on the streams' runs first (it serves them too), then every timed
+    batch alone."""
+
+    async def main():
+        infer = Lone(hold_s=0.0)
+        b = DynamicBatcher(infer, BatchPolicy(max_batch_size=4), concurrency=2, lone=True)
+        b.start()
+        await b.calibrate(16, 5, budget_s=5.0)
+        await b.stop()
+        return infer.seen
+
+    flags = [alone for alone, _ in run(main())]
+    spun = flags.index(True)
+    assert spun > 0 and not any(flags[:spun]) and all(flags[spun:]) and len(flags) > spun

@@ -355,6 +355,16 @@ def test_a_server_on_two_openvino_streams_answers_many_clients_as_one_stream_doe
     assert batches[2] == 2 * batches[1]  # the memory bound holds two batches a batcher
 
 
+def _two_texts(session: OpenVinoSession) -> dict[str, np.ndarray]:
+    """Feeds of two texts, one padded, in the inputs the session's graph takes."""
+    ids = np.array([[101, 7592, 2088, 102], [101, 7592, 102, 0]], np.int64)
+    names = [i.name for i in session.get_inputs()]
+    feeds = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+    if "token_type_ids" in names:
+        feeds["token_type_ids"] = np.zeros_like(ids)
+    return feeds
+
+
 def test_a_session_of_two_streams_runs_two_threads_at_once_with_one_streams_vectors(tiny_bundle):
     """OpenVinoSession(streams=2) compiles two streams (the batcher then runs two batches at
     once, one per thread); runs from two threads together give one stream's vectors."""
@@ -364,11 +374,7 @@ def test_a_session_of_two_streams_runs_two_threads_at_once_with_one_streams_vect
     session = OpenVinoSession(tiny_bundle / "encoder.onnx", streams=2)
     one = OpenVinoSession(tiny_bundle / "encoder.onnx")
     assert (session.streams, one.streams) == (2, 1)
-    ids = np.array([[101, 7592, 2088, 102], [101, 7592, 102, 0]], np.int64)
-    names = [i.name for i in session.get_inputs()]
-    feeds = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
-    if "token_type_ids" in names:
-        feeds["token_type_ids"] = np.zeros_like(ids)
+    feeds = _two_texts(session)
     want = one.run(None, feeds)[0]
     together = threading.Barrier(2, timeout=30)  # each run starts with the other thread's
 
@@ -395,11 +401,7 @@ def test_a_run_alone_on_a_session_of_streams_takes_its_lone_compile_with_the_sam
     one = OpenVinoSession(tiny_bundle / "encoder.onnx")
     assert (session.lone, one.lone) == (True, False)
     assert int(session._lone.get_property("NUM_STREAMS")) == 1
-    ids = np.array([[101, 7592, 2088, 102], [101, 7592, 102, 0]], np.int64)
-    names = [i.name for i in session.get_inputs()]
-    feeds = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
-    if "token_type_ids" in names:
-        feeds["token_type_ids"] = np.zeros_like(ids)
+    feeds = _two_texts(session)
     streamed = session.run(None, feeds)[0]
     with alone():
         lone = session.run(None, feeds)[0]

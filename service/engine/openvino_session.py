@@ -18,7 +18,7 @@ the batcher's, with nothing queued behind it or running) runs on a second compil
 thread, and the batcher starts no other batch beside it (tried without that rule, the lone batch
 and the next overlapped on three threads and most of the gain was lost). On 2 cores with AMX, two
 streams so gave 1.14-1.18x one stream's texts/s under load at 0.97x one text's p50, for about
-300 MB more memory. One infer request per calling thread and compile (a batcher's
+550 MB more memory and 6 s more start. One infer request per calling thread and compile (a batcher's
 inference thread, the long lane's, warm-up's): a request's output buffers are reused by its
 next run, so each output asked for is copied out, and only those (the graph computes the token
 states too; copying them on every run would cost megabytes a batch).
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from service.engine.alone import ALONE
+from service.engine.alone import ALONE, alone
 from service.engine.cpu import threads_for
 from service.manifest import Manifest, SpecialTokens
 from service.tensors import Batch
@@ -98,7 +98,7 @@ class OpenVinoSession:
         self.streams = int(self.compiled.get_property("NUM_STREAMS"))
         # With streams, a batch alone on the session (engine/alone.py) runs on a second compile
         # with every thread, as one stream would run it: the lowest latency of one text.
-        self._lone = None
+        self._lone: Any = None
         if self.streams > 1 and lone:
             latency = {k: v for k, v in config.items() if k not in ("NUM_STREAMS",)}
             latency["PERFORMANCE_HINT"] = "LATENCY"
@@ -148,12 +148,17 @@ class OpenVinoSession:
         `shared`, once. Most of a shape's preparation is the compiled model's, shared by every
         request (2 cores with AMX, bf16: a new length's first run +4.5-9 ms, +0.8-1.0 ms where
         another request had run it), so that one pass spares every serving request most of it,
-        for about 2.5 s of start (65-256 tokens there)."""
+        for about 2.5 s of start (65-256 tokens there). The lone compile (streams) runs them
+        too: its shapes are prepared apart (a lone run at 100-256 tokens paid 2.5-4x after the
+        streams' request had run them; another stream's request 1.1-1.4x)."""
         self._lengths = lengths
         for request in self._requests:
             self._warm(request)
         if shared > lengths:
             self._warm(self._request(), range(lengths + 1, shared + 1))
+            if self._lone is not None:  # a compile of its own: its shapes are its own
+                with alone():
+                    self._warm(self._request(), range(lengths + 1, shared + 1))
 
     def _warm(self, request: Any, lengths: range | None = None) -> None:
         names = [i.name for i in self._inputs]

@@ -224,6 +224,7 @@ class TemplatedBackend:
         self.inline = backend.inline
         self.measurable = backend.measurable
         self.streams = backend.streams
+        self.lone = backend.lone
         self.long_tokens = backend.long_tokens
 
     def tokenize(

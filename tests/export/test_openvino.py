@@ -411,6 +411,26 @@ def test_a_run_alone_on_a_session_of_streams_takes_its_lone_compile_with_the_sam
     np.testing.assert_allclose(lone, streamed, rtol=1e-5, atol=1e-5)
 
 
+def test_the_lone_compile_runs_the_shared_lengths_too(tiny_bundle):
+    """Its shapes are prepared apart from the streams' compile: warm(shared=...) runs the
+    longer lengths on a request of each."""
+    from service.engine.alone import ALONE
+
+    session = OpenVinoSession(tiny_bundle / "encoder.onnx", streams=2)
+    runs: list[tuple[bool, int, int]] = []
+    real = session._warm
+
+    def spy(request, lengths=None):
+        if lengths is not None:
+            runs.append((ALONE.get(), lengths.start, lengths[-1]))
+        real(request, lengths)
+
+    session._warm = spy
+    session.warm(3, shared=6)
+    assert runs == [(False, 4, 6), (True, 4, 6)]
+    assert len(session._requests) == 2  # the streams' request and the lone one
+
+
 def test_streams_follow_the_cpus_the_process_may_use(tiny_bundle, monkeypatch):
     """HEADWISE_OPENVINO_STREAMS=0 (the default): one stream below 16 usable CPUs, two from 16
     (bench.streams: on 16 CPUs two gave 1.26x the texts/s at 1.05x one text's p50)."""

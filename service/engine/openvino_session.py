@@ -18,10 +18,10 @@ the batcher's, with nothing queued behind it or running) runs on a second compil
 thread, and the batcher starts no other batch beside it (tried without that rule, the lone batch
 and the next overlapped on three threads and most of the gain was lost). On 2 cores with AMX, two
 streams so gave 1.14-1.18x one stream's texts/s under load at 0.97x one text's p50, for about
-550 MB more memory and 6 s more start. One infer request per calling thread and compile (a batcher's
-inference thread, the long lane's, warm-up's): a request's output buffers are reused by its
-next run, so each output asked for is copied out, and only those (the graph computes the token
-states too; copying them on every run would cost megabytes a batch).
+550 MB more memory and 6 s more start. One infer request per calling thread and compile (a
+batcher's inference thread, the long lane's, warm-up's): a request's output buffers are reused
+by its next run, so each output asked for is copied out, and only those (the graph computes the
+token states too; copying them on every run would cost megabytes a batch).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Whether a run is alone on its session: set by the batcher around a batch that nothing else
 of its own runs beside (its inline run on the event loop; on several streams, a batch formed
-with nothing queued behind it and nothing running, the next held until it ends; calibration's
+with nothing queued behind it, arriving or running, the next held until it ends; calibration's
 runs), read by a session with several streams, which then runs it with every thread
 (OpenVinoSession's lone compile) rather than on one stream's share. A context variable, so that
 nothing passes it through the backend's many run functions, and a run elsewhere never sees it

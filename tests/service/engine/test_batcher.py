@@ -747,3 +747,25 @@ def test_calibration_on_streams_times_the_batches_alone():
     flags = [alone for alone, _ in run(main())]
     spun = flags.index(True)
     assert spun > 0 and not any(flags[:spun]) and all(flags[spun:]) and len(flags) > spun
+
+
+def test_on_streams_a_batch_is_not_alone_while_a_request_is_on_its_way():
+    """A request being read (arriving) would be held by a lone batch: the batch runs on a
+    stream, and the arriving request's batch starts beside it."""
+
+    async def main():
+        infer = Lone()
+        b = DynamicBatcher(
+            infer, BatchPolicy(max_batch_size=1, max_wait_s=0.0), concurrency=2, lone=True
+        )
+        b.start()
+        b.arriving += 1  # a request is being tokenised
+        first = b.submit(seqs(3), soon(5))
+        await asyncio.sleep(0.01)  # the first is running
+        b.arriving -= 1
+        second = b.submit(seqs(3), soon(5))
+        await asyncio.gather(*(it.future for it in first + second))
+        await b.stop()
+        return infer.seen
+
+    assert run(main()) == [(False, 0), (False, 1)]  # on streams, the second beside the first

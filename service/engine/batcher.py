@@ -195,8 +195,7 @@ class DynamicBatcher:
             # drain about as fast (1.1-1.2x on 2 cores with AMX). This thread serves the
             # streams' runs too: spun up on them here, as spin_up would have.
             spin_up(self._infer, (1, shortest), token_id, seconds=THREAD_SPIN_UP_S)
-            with alone():
-                return measure(self._infer, plan, token_id, budget_s)
+            return measure(self._infer_alone, plan, token_id, budget_s)
 
         samples = await loop.run_in_executor(self._executor, timed)
         self.cost.calibrate(samples, time.monotonic() - started)
@@ -220,7 +219,7 @@ class DynamicBatcher:
             if threading.get_ident() not in self._spun:
                 spin_up(self._infer, shape, token_id, seconds=THREAD_SPIN_UP_S)
                 if self.lone:  # and its batches alone, on the lone compile
-                    self._infer_alone_spun(shape, token_id)
+                    spin_up(self._infer_alone, shape, token_id, seconds=THREAD_SPIN_UP_S)
                 self._spun.add(threading.get_ident())
 
         await asyncio.gather(
@@ -228,8 +227,7 @@ class DynamicBatcher:
         )
         if self.policy.inline_max_tokens and threading.get_ident() not in self._spun:
             # On the loop itself, as its batches run there (alone): nothing is served yet.
-            with alone():
-                spin_up(self._infer, shape, token_id, seconds=THREAD_SPIN_UP_S)
+            spin_up(self._infer_alone, shape, token_id, seconds=THREAD_SPIN_UP_S)
             self._spun.add(threading.get_ident())
 
     def rejected(self, reason: str) -> None:
@@ -456,20 +454,18 @@ class DynamicBatcher:
         """A small batch computed on the loop (its futures are done on return): at submit, or
         by the worker when the rest of the queue left it alone."""
         try:
-            with self._computing(batch) as run, alone():
-                run.out = self._infer(run.padded)
+            with self._computing(batch) as run:
+                run.out = self._infer_alone(run.padded)
         except Exception as exc:  # noqa: BLE001 - answered as the worker's batches are
             self._failed(batch, exc)
             return
         self._settle(batch, run)
 
     def _infer_alone(self, batch: Batch) -> Sequence[Any] | np.ndarray:
-        with alone():  # on the executor's thread: run_in_executor does not carry the context
-            return self._infer(batch)
-
-    def _infer_alone_spun(self, shape: tuple[int, int], token_id: int) -> None:
+        """A run marked alone (engine/alone.py), on whichever thread calls it (run_in_executor
+        does not carry the context): inline, lone, calibration's and their spin-ups."""
         with alone():
-            spin_up(self._infer, shape, token_id, seconds=THREAD_SPIN_UP_S)
+            return self._infer(batch)
 
     async def _run(
         self, loop: asyncio.AbstractEventLoop, batch: list[Item], lone: bool = False

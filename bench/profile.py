@@ -108,14 +108,17 @@ def loaded_table(
     return "\n".join(lines)
 
 
-def under_load(url: str, pid: int, texts: list[str], clients: int, total: int) -> str:
-    requests = build_requests(url, "/encode", texts)
+def under_load(
+    url: str, pid: int, texts: list[str], clients: int, total: int, per_request: int = 1
+) -> str:
+    requests = build_requests(url, "/encode", texts, per_request=per_request)
     asyncio.run(run_load(url, requests, clients, min(total, 500)))  # warm, batches refitted
     before, cpu0, t0 = threads_cpu(pid), time.process_time(), time.monotonic()
     r = asyncio.run(run_load(url, requests, clients, total))
     seconds, client_s = time.monotonic() - t0, time.process_time() - cpu0
     table = loaded_table(pid, before, threads_cpu(pid), r.requests, seconds, client_s)
-    return f"{clients} clients, one text a request\n\n{table}"
+    each = "one text" if per_request == 1 else f"{per_request} texts"
+    return f"{clients} clients, {each} a request\n\n{table}"
 
 
 STAGES = ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time")
@@ -170,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spy", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--clients", type=int, default=0, help="also the threads' CPU under load")
     p.add_argument("--loaded-requests", type=int, default=3000)
+    p.add_argument("--per-request", type=int, default=1, help="texts a request under load")
     args = p.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     texts = corpus.sentences(512)
@@ -180,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         requests = build_requests(url, "/encode", [short])
         print(stages(timed_requests(url, requests[0], args.requests)))  # noqa: T201 - output
         if args.clients:
-            table = under_load(url, proc.pid, texts, args.clients, args.loaded_requests)
+            table = under_load(
+                url, proc.pid, texts, args.clients, args.loaded_requests, args.per_request
+            )
             print(f"\n{table}")  # noqa: T201 - output
         if not args.spy:
             return 0

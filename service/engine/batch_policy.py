@@ -49,7 +49,9 @@ class BatchPolicy:
     inline_max_tokens: int = 0  # padded tokens of a batch that may run on the loop when idle
 
 
-Within = Callable[[int, int], bool]  # may a batch of (count, longest) run? (its time bound)
+# The most rows a batch of this padded length may hold (its time bound; every smaller batch of
+# that length within it too).
+Within = Callable[[int], int]
 
 
 def packed(
@@ -61,14 +63,10 @@ def packed(
     i = 0
     while i < len(ordered):
         longest = max(1, ordered[i])
-        rows = 1
-        while (
-            i + rows < len(ordered)
-            and rows < policy.max_batch_size
-            and longest * (rows + 1) <= policy.max_batch_tokens
-            and (within is None or within(rows + 1, longest))
-        ):
-            rows += 1
+        most = min(len(ordered) - i, policy.max_batch_size, policy.max_batch_tokens // longest)
+        if within is not None:
+            most = min(most, within(longest))
+        rows = max(1, most)
         yield rows, longest
         i += rows
 
@@ -82,7 +80,7 @@ def select_batch(
     def fits(count: int, longest: int) -> bool:
         if longest * count > policy.max_batch_tokens:
             return False
-        return within is None or within(count, longest)
+        return within is None or count <= within(longest)
 
     window = list(queue[: policy.max_batch_size * policy.window])
     anchor = window[0]

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.engine.alone import alone
-from service.engine.batch_policy import BatchPolicy, Item, packed, select_batch
+from service.engine.batch_policy import BatchPolicy, Item, Within, packed, select_batch
 from service.engine.calibrate import THREAD_SPIN_UP_S, measure, shapes, spin_up
 from service.engine.cost import CostModel, Device, Sample
 from service.errors import InferenceFailed, Overloaded, Unavailable
@@ -170,12 +170,13 @@ class DynamicBatcher:
         left = sum(max(0.0, s - (now - since)) for s, since in self._running.values())
         return queued + left
 
-    def _within(self) -> Callable[[int, int], bool] | None:
+    def _within(self) -> Within | None:
         """A batch holds at most max_batch_s of work at its predicted cost."""
         limit = self.policy.max_batch_s
         if limit <= 0 or not self.cost.measured:
             return None
-        return lambda rows, n: self.batch_s(rows, n) <= limit
+        most = self.policy.max_batch_size
+        return lambda n: self.cost.rows_within(n, limit, most)
 
     async def calibrate(
         self, longest: int, token_id: int, budget_s: float, shortest: int = 8
@@ -327,7 +328,7 @@ class DynamicBatcher:
             return True
         longest = max(it.length for it in q)
         within = self._within()
-        full_time = within is not None and not within(len(q), longest)
+        full_time = within is not None and len(q) > within(longest)
         return longest * len(q) >= self.policy.max_batch_tokens or full_time
 
     async def _fill(self) -> None:

@@ -240,3 +240,46 @@ def sample(metrics: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+def one_correction(cost: CostModel, rows: int, n: int) -> float:
+    """The correction as it was computed one shape at a time: the nearest measured shapes'
+    measured over fitted time, inverse-distance weighted (their mean where measured)."""
+    distance = np.sqrt(((cost._points - np.log([rows, n])) ** 2).sum(axis=1))
+    nearest = np.argsort(distance)[:4]
+    if distance[nearest[0]] < 1e-9:
+        return float(cost._ratios[distance < 1e-9].mean())
+    weights = 1.0 / distance[nearest] ** 2
+    return float((weights * cost._ratios[nearest]).sum() / weights.sum())
+
+
+@pytest.mark.parametrize("recorded", RECORDINGS, ids=lambda p: p.stem)
+def test_a_lengths_table_predicts_each_shape_as_one_at_a_time_would(recorded):
+    """The predictions of every row count at a length, made in one pass (admission asks for all
+    of them for each request), equal the fit times the correction of each shape on its own,
+    measured shapes and ones between and past them."""
+    record = json.loads(recorded.read_text())["models"]["all-MiniLM-L6-v2"]["lanes"]["main"]
+    cost = CostModel()
+    cost.calibrate([Sample(*s) for s in record["calibration"]])
+    for r, n in [(1, 7), (3, 40), (5, 100)]:  # served shapes, one twice: their mean is used
+        cost.observe(r, n, 1.3 * cost.seconds(r, n))
+    cost.observe(3, 40, 1.1 * cost.seconds(3, 40))
+    cost.refit()
+    f = cost.current
+    for n in (1, 7, 16, 40, 100, 128, 300, 2048):
+        for rows in (1, 2, 3, 5, 17, 64, 65, 200):
+            want = f.seconds(rows, n) * one_correction(cost, rows, n)
+            assert cost.seconds(rows, n) == pytest.approx(want, rel=1e-12), (rows, n)
+
+
+def test_the_rows_a_time_bound_allows_stop_at_the_first_batch_past_it():
+    cost = CostModel()
+    cost.calibrate(samples_of(TRUE, shapes(512, 64)))
+    for n in (8, 64, 512):
+        limit = cost.seconds(20, n) * 1.0001
+        assert cost.rows_within(n, limit, 64) == 20
+        assert cost.rows_within(n, limit, 10) == 10  # at most the batch size
+        assert cost.rows_within(n, cost.seconds(1, n) / 2, 64) == 0  # one row is past it
+    cost.calibrate(samples_of(Fit(0.004, 2e-4, 3e-7), shapes(512, 64)))  # a refit: anew
+    assert cost.rows_within(64, cost.seconds(20, 64) * 1.0001, 64) == 20
+    assert CostModel().rows_within(64, 1e-9, 64) == 64  # nothing measured: no bound

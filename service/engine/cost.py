@@ -27,6 +27,7 @@ HEADWISE_CAPACITY_TOKENS_PER_S) replaces the measurement with a stated rate.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -274,25 +275,28 @@ class CostModel:
 class Device:
     """The batchers that share the cores (or one GPU): whether a batch ran alone on them.
 
-    Both calls come from the event loop (a batcher starts and ends its runs there)."""
+    Called by the threads that compute the runs (and the loop, for its inline ones)."""
 
     def __init__(self) -> None:
         self._active: set[int] = set()
         self._shared: set[int] = set()  # runs that overlapped another
         self._starts = 0
+        self._lock = threading.Lock()
 
     def enter(self) -> int:
-        self._starts += 1
-        ticket = self._starts
-        if self._active:
-            self._shared |= self._active | {ticket}
-        self._active.add(ticket)
-        return ticket
+        with self._lock:
+            self._starts += 1
+            ticket = self._starts
+            if self._active:
+                self._shared |= self._active | {ticket}
+            self._active.add(ticket)
+            return ticket
 
     def leave(self, ticket: int) -> bool:
         """True when nothing else ran at any moment of the run that `ticket` began."""
-        self._active.discard(ticket)
-        if ticket in self._shared:
-            self._shared.discard(ticket)
-            return False
-        return True
+        with self._lock:
+            self._active.discard(ticket)
+            if ticket in self._shared:
+                self._shared.discard(ticket)
+                return False
+            return True

@@ -11,7 +11,7 @@ import pytest
 
 from service.engine.batch_policy import BatchPolicy, Item, select_batch
 from service.engine.batcher import DynamicBatcher
-from service.engine.cost import CostModel
+from service.engine.cost import CostModel, Sample
 from service.errors import InferenceFailed, Overloaded, Unavailable
 from service.tensors import Batch
 
@@ -92,6 +92,7 @@ async def started(recorder: Recorder, observer=None, cost=None, **policy) -> Dyn
 async def held(rec: Recorder, b: DynamicBatcher) -> list[Item]:
     """One text sent and held in the backend: everything submitted next waits in the queue."""
     rec.gate.clear()
+    rec.entered.clear()
     blocker = b.submit(seqs(1), soon(5))
     await rec.wait_entered()
     return blocker
@@ -769,3 +770,92 @@ def test_on_streams_a_batch_is_not_alone_while_a_request_is_on_its_way():
         return infer.seen
 
     assert run(main()) == [(False, 0), (False, 1)]  # on streams, the second beside the first
+
+
+class Starts(Recorder):
+    """A Recorder that notes when each batch began (on its thread's clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts: list[float] = []
+
+    def __call__(self, batch: Batch):
+        self.starts.append(time.monotonic())
+        return super().__call__(batch)
+
+
+def measured(per_token_s: float = 0.001) -> CostModel:
+    cost = CostModel()
+    cost.calibrate([Sample(r, n, per_token_s * r * n) for r in (1, 4) for n in (8, 40)])
+    return cost
+
+
+async def staged(b: DynamicBatcher) -> None:
+    """Until the queue is empty: its texts handed to the inference thread."""
+    for _ in range(1000):
+        if not b.depth:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the queued text was never handed to the thread")
+
+
+def test_one_stream_hands_the_next_batch_over_and_it_starts_while_the_loop_is_busy():
+    """With the cost measured, the batch behind the one computing is formed before that one
+    ends (here at once: the blocker already ran past its predicted 1 ms) and waits on the
+    thread: it starts as the first ends, while the event loop is still busy elsewhere."""
+
+    async def main():
+        rec = Starts()
+        b = await started(rec, cost=measured(), max_wait_s=0.0)
+        blocker = await held(rec, b)
+        behind = b.submit(seqs(3), soon(5))
+        await staged(b)
+        rec.gate.set()
+        time.sleep(0.3)  # the loop busy (a long callback): nothing it does starts a batch
+        loop_back = time.monotonic()
+        results = await asyncio.gather(*(it.future for it in blocker + behind))
+        await b.stop()
+        return rec.starts, loop_back, results
+
+    starts, loop_back, results = run(main())
+    assert [int(r) for r in results] == [1, 3]
+    assert len(starts) == 2 and starts[1] < loop_back
+
+
+def test_unmeasured_one_stream_forms_the_next_batch_once_the_running_one_ends():
+    async def main():
+        rec = Starts()
+        b = await started(rec, max_wait_s=0.0)  # nothing measured: no predicted end
+        blocker = await held(rec, b)
+        behind = b.submit(seqs(3), soon(5))
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+        depth = b.depth
+        rec.gate.set()
+        time.sleep(0.1)
+        loop_back = time.monotonic()
+        await asyncio.gather(*(it.future for it in blocker + behind))
+        await b.stop()
+        return depth, rec.starts, loop_back
+
+    depth, starts, loop_back = run(main())
+    assert depth == 1  # still queued while the first computed
+    assert starts[1] > loop_back  # formed by the loop after it ended
+
+
+def test_a_staged_text_past_its_deadline_before_its_batch_began_is_not_computed():
+    async def main():
+        rec = Starts()
+        b = await started(rec, cost=measured(), max_wait_s=0.0)
+        blocker = await held(rec, b)
+        behind = b.submit(seqs(3), soon(0.05))
+        await staged(b)
+        await asyncio.sleep(0.1)  # its deadline passes while it waits on the thread
+        rec.gate.set()
+        await asyncio.gather(*(it.future for it in blocker))
+        with pytest.raises(Unavailable, match="deadline"):
+            await behind[0].future
+        await b.stop()
+        return rec.batches
+
+    assert run(main()) == [(1, 1)]  # the blocker's only

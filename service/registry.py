@@ -24,12 +24,15 @@ from service.engine.admission import Admission
 from service.engine.batch_policy import BatchPolicy
 from service.engine.batcher import DynamicBatcher, Infer
 from service.engine.cost import CostModel
+from service.engine.cpu import auto_streams, cores, detect, threads_for
 from service.engine.memory import (
     LARGE_REQUESTS,
+    MemoryBoundError,
     ModelCost,
     attention_bytes,
     check_fit,
     encode_batch_bytes,
+    gib,
     memory_budget,
     memory_limit,
     request_bytes,
@@ -438,9 +441,12 @@ def model_cost(
     return ModelCost(name, graphs, working)
 
 
-def costs_on_disk(specs: Sequence[ModelSpec], settings: Settings) -> list[ModelCost] | None:
+def costs_on_disk(
+    specs: Sequence[ModelSpec], settings: Settings, streams: int = 1
+) -> list[ModelCost] | None:
     """Each bundle's cost, from its manifest, before anything is loaded; None when a bundle
-    has no readable manifest (its loader says why)."""
+    has no readable manifest (its loader says why). streams: OpenVINO's, each one more batch
+    at once, and past one the lone compile (engine/alone.py): a copy of the serving graph."""
     costs = []
     for spec in specs:
         try:
@@ -450,10 +456,52 @@ def costs_on_disk(specs: Sequence[ModelSpec], settings: Settings) -> list[ModelC
         attention = settings.attention_enabled and "attention" in manifest.graphs
         batchers = 2 if manifest.task == "embed" else 1  # /embed_all's token output: its own
         graph = expected_graph(manifest, settings)
-        costs.append(
-            model_cost(spec.name or manifest.name, manifest, graph, batchers, attention, settings)
-        )
+        batchers += streams - 1
+        cost = model_cost(spec.name or manifest.name, manifest, graph, batchers, attention, settings)
+        if streams > 1:
+            lone = manifest.graphs[graph].total_bytes
+            cost = ModelCost(cost.name, cost.graph_bytes + lone, cost.working_bytes)
+        costs.append(cost)
     return costs
+
+
+def stream_room(
+    specs: Sequence[ModelSpec], settings: Settings, base: int, requests: int, limit: int
+) -> bool:
+    """Whether the models may each take a second OpenVINO stream within the memory limit
+    (always without one; never when a bundle's manifest cannot be read)."""
+    if not limit:
+        return True
+    wider = costs_on_disk(specs, settings, streams=2)
+    if wider is None:
+        return False
+    try:
+        check_fit(wider, base, requests, limit, "")
+    except MemoryBoundError:
+        return False
+    return True
+
+
+def streams_for_memory(specs: Sequence[ModelSpec], settings: Settings) -> Settings:
+    """The settings with HEADWISE_OPENVINO_STREAMS decided where left to the machine (0): by
+    the CPUs (engine/cpu.py, auto_streams), but one where a second stream would not fit the
+    memory limit (said in the log). Before any backend loads (`headwise serve` loads them
+    before the app's registry: decided once, there)."""
+    if settings.openvino_streams:
+        return settings
+    streams = auto_streams(threads_for(settings.threads) or cores().usable, detect().flags)
+    limit, source = memory_limit(settings.memory_limit_bytes)
+    requests = LARGE_REQUESTS * request_bytes(settings.max_body_bytes)
+    if streams > 1 and not stream_room(specs, settings, rss_bytes(), requests, limit):
+        log.info(
+            "OpenVINO, where it serves: one stream, not %d: a second (a batch more at once, a "
+            "copy of the graph) would pass the memory limit of %s (%s)",
+            streams,
+            gib(limit),
+            source,
+        )
+        streams = 1
+    return settings.model_copy(update={"openvino_streams": streams})
 
 
 def _article(word: str) -> str:
@@ -507,6 +555,7 @@ class Registry:
         planned = costs_on_disk(specs, settings) if limit else None
         if planned is not None:
             check_fit(planned, base, requests, limit, source)
+        settings = streams_for_memory(specs, settings)
         backends = load_backends(specs, loader, settings)
         names = unique_names(specs, [b.manifest.name for b in backends])
         # One admission for all serving batchers: the models share the cores (or the GPU).

@@ -85,7 +85,8 @@ class Settings(BaseSettings):
         le=64,
         description="batches OpenVINO computes at once, each on its share of the cores: more "
         "texts/s under load, a lone text slower (bench/streams.py); 1: one batch with every core; "
-        "0: chosen by the CPUs the process may use (2 from 16 CPUs, else 1: measured on 2 and 16)",
+        "0: chosen by the CPUs the process may use and the memory limit (2 from 16 CPUs, and from 2 "
+        "on AMX, when the limit has room for them; else 1: measured on 2 and 16)",
     )
     spinning: bool = Field(True, description="let ORT threads spin between runs (one session only)")
     inline_max_tokens: int = Field(

@@ -157,12 +157,17 @@ def threads_for(threads: int) -> int:
 # bench.streams, 32 clients sending one text a request against one client's short text: on 2
 # CPUs (AMD EPYC, bf16) 2 streams gave 1.16x the texts/s at 1.28x one text's p50, so 1; on 16
 # (a Xeon with AMX, bf16) 2 streams gave 1.26x (rounds 1.18-1.51x) at 1.05x, 8 gave 1.48x at
-# 1.33x, so 2. Between and beyond, not measured: 1 below 16, 2 from 16.
+# 1.33x, so 2. On 2 cores of a Xeon with AMX, since a batch alone runs on a compile with every
+# thread (engine/alone.py): 2 streams 1.09-1.11x the texts/s at 32 clients (one text or 32 a
+# request), 1.24x for one client of 32 texts, at 0.99x one text's p50 (2026-12-05), so 2 there.
+# Not measured: 3-15 CPUs without AMX (1), past 16 (2). Either way a second stream only where
+# the memory limit has room for it (registry.stream_room; else HEADWISE_OPENVINO_STREAMS=1).
 STREAMS_FROM = 16
+AMX = "amx_bf16"
 
 
-def auto_streams(usable: int) -> int:
-    return 2 if usable >= STREAMS_FROM else 1
+def auto_streams(usable: int, flags: frozenset[str] = frozenset()) -> int:
+    return 2 if usable >= STREAMS_FROM or (usable >= 2 and AMX in flags) else 1
 
 
 @dataclass(frozen=True)

@@ -276,7 +276,8 @@ class OnnxBackend:
         OpenVINO reads differently is served right, on the runtime it was exported for)."""
         path = bundle.graph_path(graph)
         try:
-            streams = settings.openvino_streams or auto_streams(threads_for(settings.threads) or cores().usable)
+            usable = threads_for(settings.threads) or cores().usable
+            streams = settings.openvino_streams or auto_streams(usable, detect().flags)
             session = OpenVinoSession(path, choice.precision, settings.threads, streams)
         except Exception as exc:  # OpenVINO raises RuntimeError and its own kinds
             failed = f"OpenVINO cannot compile {path.name} ({str(exc).splitlines()[0][:200]})"

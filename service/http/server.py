@@ -23,7 +23,7 @@ from service.bundle import Bundle, BundleError, load_bundle
 from service.engine.runtime import Backend, DeviceUnavailable, OnnxBackend, choose_providers
 from service.http.protocol import Limits, guarded
 from service.http.workers import Peers
-from service.registry import ModelSpec, load_backends, unique_names
+from service.registry import ModelSpec, load_backends, streams_for_memory, unique_names
 from service.settings import Settings
 
 log = logging.getLogger("headwise")
@@ -229,6 +229,7 @@ def serve(
         # The sessions start before the port is bound: a GPU that onnxruntime-gpu lists but
         # cannot use (no driver) refuses here, with a message and exit 1, not at first request.
         specs = list(bundles)
+        settings = streams_for_memory(specs, settings)
         backends = load_backends(specs, lambda spec, s: OnnxBackend(bundles[spec], s), settings)
     except (BundleError, DeviceUnavailable, ValueError, RuntimeError) as exc:
         log.error("cannot serve: %s", exc)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from service import registry
+from service.engine.cpu import Cores
 from service.engine.memory import (
     MemoryBoundError,
     ModelCost,
@@ -20,7 +22,7 @@ from service.engine.memory import (
 )
 from service.manifest import DataFile
 from service.metrics import Metrics
-from service.registry import ModelSpec, Registry
+from service.registry import ModelSpec, Registry, stream_room
 from service.settings import Settings
 from tests.service.conftest import client_for
 from tests.service.fakes import FakeBackend, fake_loader, fake_manifest
@@ -101,3 +103,27 @@ def test_loaded_models_without_manifests_on_disk_are_checked_as_loaded():
             Settings(memory_limit_bytes=8 * GiB, attention_enabled=False),
             Metrics(),
         )
+
+
+def test_a_second_openvino_stream_is_taken_only_where_the_limit_has_room(tmp_path, monkeypatch):
+    """A second stream holds one more batch and the lone compile's copy of the serving graph:
+    with 3 GiB of weights a 6 GiB limit fits one stream but not two (the loader is told 1);
+    12 GiB, or no limit, leaves them to the CPUs (16 here: 2)."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "manifest.json").write_text(big_manifest("m", 3, "rerank").model_dump_json())
+    specs = [ModelSpec(tmp_path / "m")]
+    monkeypatch.setattr(registry, "cores", lambda: Cores(16, 16, "as the test says"))
+    seen = []
+
+    def loader(spec, settings):
+        seen.append(settings.openvino_streams)
+        return FakeBackend(big_manifest("m", 3, "rerank"))
+
+    for limit in (6 * GiB, 12 * GiB, 0):
+        settings = Settings(memory_limit_bytes=limit, attention_enabled=False)
+        assert stream_room(specs, settings, 0, 0, limit) is (limit != 6 * GiB)
+        Registry.load(specs, loader, settings, Metrics())
+    assert seen == [1, 2, 2]
+    pinned = Settings(memory_limit_bytes=6 * GiB, attention_enabled=False, openvino_streams=2)
+    Registry.load(specs, loader, pinned, Metrics())  # the operator's figure is kept
+    assert seen[-1] == 2

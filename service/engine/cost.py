@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,8 @@ class Fit:
     token_s: float
     pair_s: float
 
-    def seconds(self, rows: int, n: int) -> float:
+    def seconds(self, rows: Any, n: int) -> Any:
+        """rows: a count, or an array of them (the times come back alike)."""
         return self.batch_s + rows * n * (self.token_s + n * self.pair_s)
 
 
@@ -195,13 +197,10 @@ class CostModel:
         self._points = np.log([[s.rows, s.n] for s in samples])
         self._ratios = np.array([s.seconds / max(f.seconds(s.rows, s.n), 1e-12) for s in samples])
 
-    def correction(self, rows: int, n: int) -> float:
-        """The measured over the fitted time near this shape (1: nothing measured)."""
-        return float(self._corrections(np.array([rows], dtype=np.float64), n)[0])
-
     def _corrections(self, rows: np.ndarray, n: int) -> np.ndarray:
-        """`correction` for each of these row counts at length n, in one pass (squared
-        distances: the weights are their inverses; the nearest found by partition)."""
+        """The measured over the fitted time near each of these shapes at length n (1: nothing
+        measured), in one pass (squared distances: the weights are their inverses; the nearest
+        found by partition)."""
         if self.fixed_tokens_per_s is not None or not len(self._ratios):
             return np.ones(len(rows))
         points = self._points
@@ -227,7 +226,7 @@ class CostModel:
             assert f is not None
             size = max(ROWS, rows, 2 * len(table) if table is not None else 0)
             r = np.arange(1, size + 1, dtype=np.float64)
-            table = (f.batch_s + r * n * (f.token_s + n * f.pair_s)) * self._corrections(r, n)
+            table = f.seconds(r, n) * self._corrections(r, n)
             if len(self._tables) >= LENGTHS:
                 self._tables = {}
             self._tables[n] = table
@@ -239,7 +238,7 @@ class CostModel:
         if f is None:
             return 0.0
         if rows < 1 or n < 1:
-            return f.seconds(rows, n)
+            return float(f.seconds(rows, n))
         return float(self._table(n, rows)[rows - 1])
 
     def rows_within(self, n: int, limit_s: float, most: int) -> int:

@@ -790,11 +790,16 @@ def measured(per_token_s: float = 0.001) -> CostModel:
     return cost
 
 
-async def staged(b: DynamicBatcher) -> None:
-    """Until the queue is empty: its texts handed to the inference thread."""
+async def staged(deadline_s: float) -> tuple[Starts, DynamicBatcher, list[Item], list[Item]]:
+    """A measured batcher with a blocker held in the backend and a text queued behind it (its
+    deadline `deadline_s` away), once that text was handed to the inference thread."""
+    rec = Starts()
+    b = await started(rec, cost=measured(), max_wait_s=0.0)
+    blocker = await held(rec, b)
+    behind = b.submit(seqs(3), soon(deadline_s))
     for _ in range(1000):
         if not b.depth:
-            return
+            return rec, b, blocker, behind
         await asyncio.sleep(0.001)
     raise AssertionError("the queued text was never handed to the thread")
 
@@ -805,11 +810,7 @@ def test_one_stream_hands_the_next_batch_over_and_it_starts_while_the_loop_is_bu
     thread: it starts as the first ends, while the event loop is still busy elsewhere."""
 
     async def main():
-        rec = Starts()
-        b = await started(rec, cost=measured(), max_wait_s=0.0)
-        blocker = await held(rec, b)
-        behind = b.submit(seqs(3), soon(5))
-        await staged(b)
+        rec, b, blocker, behind = await staged(5)
         rec.gate.set()
         time.sleep(0.3)  # the loop busy (a long callback): nothing it does starts a batch
         loop_back = time.monotonic()
@@ -845,11 +846,7 @@ def test_unmeasured_one_stream_forms_the_next_batch_once_the_running_one_ends():
 
 def test_a_staged_text_past_its_deadline_before_its_batch_began_is_not_computed():
     async def main():
-        rec = Starts()
-        b = await started(rec, cost=measured(), max_wait_s=0.0)
-        blocker = await held(rec, b)
-        behind = b.submit(seqs(3), soon(0.05))
-        await staged(b)
+        rec, b, blocker, behind = await staged(0.05)
         await asyncio.sleep(0.1)  # its deadline passes while it waits on the thread
         rec.gate.set()
         await asyncio.gather(*(it.future for it in blocker))

@@ -30,6 +30,13 @@ from tests.service.fakes import FakeBackend, fake_loader, fake_manifest
 GiB = 2**30
 
 
+@pytest.fixture(autouse=True)
+def fresh_process(monkeypatch):
+    """The bound's base is the process's resident memory: a fresh server's (~0.3 GiB), not this
+    suite's, which grows past 2 GiB by its end and would move every figure below."""
+    monkeypatch.setattr(registry, "rss_bytes", lambda: int(0.3 * GiB))
+
+
 def big_manifest(name: str, gib: float, task: str = "embed"):
     """A fake manifest whose serving graph keeps `gib` GiB of weights in a data file."""
     manifest = fake_manifest(name, task=task)

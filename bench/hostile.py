@@ -141,7 +141,10 @@ async def deadlines(bundles: list[str], timeout_s: float, load: float, seed: int
     env = {"HEADWISE_REQUEST_TIMEOUT_S": str(timeout_s), "HEADWISE_MAX_QUEUE_TEXTS": "100000"}
     proc, url = launch(bundles, env)
     try:
-        async with httpx.AsyncClient(base_url=url, timeout=timeout_s * 4) as c:
+        # No pool limit: every request is on the wire at once (httpx's default pool of 100
+        # connections would queue the rest in the client, and time the client's queue).
+        unpooled = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(base_url=url, timeout=timeout_s * 4, limits=unpooled) as c:
             # Warm both batchers so that admission works from measured rates.
             for _ in range(3):
                 await c.post("/encode", json={"inputs": [rng.choice(texts) for _ in range(64)]})

@@ -175,7 +175,7 @@ def test_hostile_runs_and_reports_every_goal(tiny_bundle, ranker_bundle, tmp_pat
     from bench import hostile
 
     args = ["--bundle", str(tiny_bundle), "--ranker", str(ranker_bundle), "--idle", "20",
-            "--slowloris", "5", "--probes", "10", "--load", "2", "--documents", "64",
+            "--slowloris", "5", "--probes", "10", "--load", "2", "--timeout", "2", "--documents", "64",
             "--out", str(tmp_path)]  # fmt: skip
     assert hostile.main(args) == 0
     out = json.loads((tmp_path / "hostile.json").read_text())

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -30,12 +32,33 @@ class LoadResult:
         return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
 
 
+@dataclass
+class Answer:
+    """A whole response: status, headers (names in lower case) and body."""
+
+    status_code: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def build_request(url: str, path: str, payload: Any) -> bytes:
+    """One keep-alive JSON POST, ready for the wire."""
+    body = orjson.dumps(payload)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {urlsplit(url).netloc}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: keep-alive\r\n\r\n"
+    ).encode()
+    return head + body
+
+
 def build_requests(
     url: str, path: str, texts: list[str], openai: bool = False, per_request: int = 1
 ) -> list[bytes]:
     """One request per text, or per `per_request` consecutive texts (sent as a list)."""
-    host = urlsplit(url).netloc
-    out = []
     groups = (
         texts
         if per_request == 1
@@ -44,19 +67,16 @@ def build_requests(
             for i in range(0, len(texts), per_request)
         ]
     )
-    for text in groups:
-        payload = (
+    return [
+        build_request(
+            url,
+            path,
             {"input": text, "model": "m", "encoding_format": "base64"}
             if openai
-            else {"inputs": text}
+            else {"inputs": text},
         )
-        body = orjson.dumps(payload)
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n"
-        ).encode()
-        out.append(head + body)
-    return out
+        for text in groups
+    ]
 
 
 async def _read_response(reader: asyncio.StreamReader) -> int:
@@ -103,3 +123,48 @@ async def run_load(url: str, requests: list[bytes], concurrency: int, total: int
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return LoadResult(concurrency, total, errors, time.perf_counter() - t0, latencies, statuses)
+
+
+async def read_answer(reader: asyncio.StreamReader) -> Answer:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = (line.partition(":") for line in lines[1:] if line)
+    headers = {k.strip().lower(): v.strip() for k, _, v in fields}
+    body = await reader.readexactly(int(headers.get("content-length", 0)))
+    return Answer(int(lines[0].split()[1]), headers, body)
+
+
+async def answers(
+    url: str, requests: list[bytes], concurrency: int
+) -> list[tuple[Answer | Exception, float]]:
+    """Every request once, from `concurrency` keep-alive connections (as many as requests: all
+    on the wire at once), each answer parsed whole with its latency, or the transport error it
+    met (its connection then ends; the others take the rest). Where a client must see each
+    answer, not only count them (run_load), at a client's cost that does not pace the server:
+    httpx's pool spent ~55 s of CPU on 3,000 requests at 300 connections."""
+    parts = urlsplit(url)
+    pending = iter(range(len(requests)))
+    results: list[tuple[Answer | Exception, float]] = [
+        (ConnectionError("never sent: every connection failed"), 0.0)
+    ] * len(requests)
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        try:
+            for i in pending:
+                t0 = time.perf_counter()
+                try:
+                    writer.write(requests[i])
+                    answer = await read_answer(reader)
+                except (OSError, asyncio.IncompleteReadError) as exc:
+                    results[i] = exc, time.perf_counter() - t0
+                    return
+                results[i] = answer, time.perf_counter() - t0
+                if answer.headers.get("connection", "").lower() == "close":
+                    writer.close()
+                    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(connection() for _ in range(min(concurrency, len(requests)))))
+    return results

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import statistics
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.loadgen import build_requests
+from bench.loadgen import answers, build_requests
 from bench.server import free_port
 from service.http.app import create_app
 from service.settings import Settings
@@ -34,51 +31,6 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-@dataclass
-class Answer:
-    status_code: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-async def storm(url: str, requests: list[bytes], concurrency: int) -> list[tuple[Any, float]]:
-    """Every request once, from `concurrency` keep-alive connections on raw asyncio streams
-    (httpx's pool spent ~55 s of client CPU on 3,000 requests at 300 connections, pacing the
-    storm it was meant to be): each answer parsed whole, or the transport error it met."""
-    host, port = url.removeprefix("http://").split(":")
-    pending = iter(range(len(requests)))
-    results: list[tuple[Any, float]] = [(None, 0.0)] * len(requests)
-
-    async def connection() -> None:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            for i in pending:
-                t0 = time.monotonic()
-                try:
-                    writer.write(requests[i])
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    lines = head.decode("latin-1").split("\r\n")
-                    fields = (line.partition(":") for line in lines[1:] if line)
-                    headers = {k.strip().lower(): v.strip() for k, _, v in fields}
-                    body = await reader.readexactly(int(headers.get("content-length", 0)))
-                    answer: Any = Answer(int(lines[0].split()[1]), headers, body)
-                except (OSError, asyncio.IncompleteReadError) as exc:  # reported by kind
-                    results[i] = exc, time.monotonic() - t0
-                    return
-                results[i] = answer, time.monotonic() - t0
-                if answer.headers.get("connection") == "close":
-                    writer.close()
-                    reader, writer = await asyncio.open_connection(host, int(port))
-        finally:
-            writer.close()
-
-    await asyncio.gather(*(connection() for _ in range(concurrency)))
-    return results
-
-
 @pytest.mark.slow
 def test_storm_is_answered_429_quickly_and_accepted_requests_complete(default_bundle, tmp_path):
     total, concurrency = 3000, 300
@@ -88,7 +40,8 @@ def test_storm_is_answered_429_quickly_and_accepted_requests_complete(default_bu
         text = "overload is answered with 429 and a Retry-After header " * 3
         requests = build_requests(server.url, "/encode", [f"{i} {text}" for i in range(total)])
         t0 = time.monotonic()
-        results = asyncio.run(asyncio.wait_for(storm(server.url, requests, concurrency), 300))
+        # Raw asyncio streams (bench/loadgen.py): httpx's pool paced the storm it was to be.
+        results = asyncio.run(asyncio.wait_for(answers(server.url, requests, concurrency), 300))
         elapsed = time.monotonic() - t0
         failures = [type(r).__name__ for r, _ in results if isinstance(r, Exception)]
         assert not failures, (

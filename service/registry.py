@@ -38,6 +38,8 @@ from service.engine.memory import (
     request_bytes,
     rss_bytes,
 )
+from service.engine.preparing import PrepareCost, sample_texts
+from service.engine.preparing import calibrate as calibrate_tokenizer
 from service.engine.runtime import Backend, DeviceUnavailable
 from service.errors import ModelNotFound, Unavailable, WrongTask
 from service.manifest import GraphKey, Manifest
@@ -178,6 +180,7 @@ class Model:
     images: ImagePipeline | None = None  # an image-text model's vision tower
     patches: PatchOcclusion | None = None  # /explain on an image: its patches left out
     calibrations: list[Calibration] = field(default_factory=list)  # one per session
+    prepare_cost: PrepareCost = field(default_factory=PrepareCost)  # its tokenizer's
 
     @property
     def task(self) -> str:
@@ -227,6 +230,7 @@ def build_model(
     manifest = backend.manifest
     admission = admission or Admission(settings.request_timeout_s, settings.admission_headroom)
     model = Model(name, backend, manifest.created or int(time.time()), admission)
+    model.prepare_cost = PrepareCost(backend.measurable and settings.capacity_tokens_per_s is None)
     # One cost per session: the batchers that run the main session share one, the long lane's
     # its own (one thread, lowest priority).
     main, long_lane = session_cost(settings, backend), session_cost(settings, backend)
@@ -268,7 +272,10 @@ def build_model(
         if backend.long_tokens and long_infer is not None:
             long = batcher(long_infer, f"{path}_long", lane=True, pad=pad)
         main_lane = batcher(infer, path, pad=pad, streams=streams)
-        return Intake(main_lane, admission, metrics, path, name, long, backend.long_tokens)
+        return Intake(
+            main_lane, admission, metrics, path, name, long, backend.long_tokens,
+            model.prepare_cost,
+        )  # fmt: skip
 
     if manifest.task == "embed":
         tokens = None
@@ -705,6 +712,7 @@ class Registry:
                 for model in self:
                     await loop.run_in_executor(None, model.backend.warmup)
                     await self.calibrate(model)
+                    await self.calibrate_tokenizer(model)
                     await self.spin_up(model)
                     if rehearse is not None and model.backend.measurable:  # not a test's fake
                         await rehearse(model)
@@ -719,6 +727,21 @@ class Registry:
             log.exception("warmup failed")
         finally:
             self._ready_event.set()
+
+    async def calibrate_tokenizer(self, model: Model) -> None:
+        """What tokenising a character costs with the model's tokenizer, timed off the loop
+        (admission prices a request's tokenising with it until served requests refine it)."""
+        if not model.prepare_cost.learns or self.settings.calibration_s <= 0:
+            return
+        backend = model.backend
+        loop = asyncio.get_running_loop()
+        texts = sample_texts(backend.decode, backend.manifest.vocab_size)
+        per_char_s = await loop.run_in_executor(None, calibrate_tokenizer, backend.tokenize, texts)
+        model.prepare_cost.calibrated(per_char_s)
+        log.info(
+            "%s: tokenising costs %.3f µs a character (%.1f ms for 100 texts of 500)",
+            model.name, per_char_s * 1e6, per_char_s * 5e4 * 1e3,
+        )  # fmt: skip
 
     async def calibrate(self, model: Model) -> None:
         """Each of the model's sessions timed at a few shapes, its cost fitted (unless the

@@ -259,6 +259,9 @@ async def info(ctx: Context, body: None = None) -> Response:
         # Each batcher's cost per batch (the batchers of one session share it): what
         # admission prices requests by, and how it was obtained (service/engine/cost.py).
         "capacity": {m.name: {b.name: b.cost.describe() for b in m.batchers} for m in registry},
+        # What tokenising a request's characters costs, per model (its tokenizer): admission
+        # prices it with the batches (service/engine/preparing.py).
+        "tokenising": {m.name: m.prepare_cost.describe() for m in registry},
         "version": __version__,
     }
     return ctx.respond(payload)

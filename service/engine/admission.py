@@ -7,10 +7,22 @@ admission plans to fill is refused with 413, naming how many such inputs would f
 would fit alone but not behind the work ahead of it (queued and running, on every serving
 batcher of the device, which share its cores) gets 429 with Retry-After. Either way before any
 of its batches is computed, so no work is thrown away.
+
+A request's own work is its batches and, before they exist, its preparation (tokenising its
+texts: service/engine/preparing.py), which takes the same cores: admitted before tokenising, a
+request promises both; the preparation's share is released when its sequences exist, the
+batches' once they are queued (the batchers count them then).
+
+Promises keep their order (a request's place in line). A request admitted before tokenising is
+admitted again on its exact sequences, behind only what was promised before its place: work
+admitted after it was admitted behind it, and must not turn it away once it has been tokenised
+(under a flood every request was refused after tokenising, behind the promises of the hundreds
+admitted after it, and none answered).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -28,12 +40,15 @@ class Backlogged(Protocol):
     def rejected(self, reason: str) -> None: ...
 
 
-def fitting(batcher: Backlogged, lengths: Sequence[int], budget_s: float) -> int:
-    """How many of these inputs (the first k, at least one) fit in budget_s."""
+def fitting(
+    batcher: Backlogged, lengths: Sequence[int], budget_s: float, each_s: float = 0.0
+) -> int:
+    """How many of these inputs (the first k, at least one) fit in budget_s (each_s: an input's
+    share of the preparation, on top of its batches)."""
     lo, hi = 1, len(lengths)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if batcher.predict(lengths[:mid]) <= budget_s:
+        if batcher.predict(lengths[:mid]) + mid * each_s <= budget_s:
             lo = mid
         else:
             hi = mid - 1
@@ -57,15 +72,43 @@ class Admission:
         self.headroom = headroom
         self.device = device if device is not None else Device()
         self.batchers: list[Backlogged] = []
-        self.promised_s = 0.0
+        self.promised_s = 0.0  # the promises' sum
+        self._promises: dict[int, float] = {}  # place -> seconds, in the order of the places
+        self._places = itertools.count(1)
+        self.preparing = Device()  # requests being prepared: whether one's time was its own
 
-    def ahead_s(self) -> float:
-        """Seconds of work promised, queued and running on the batchers."""
-        return self.promised_s + sum(b.backlog_s() for b in self.batchers)
+    def place(self) -> int:
+        """A new place in line, behind every promise made so far (nothing promised yet)."""
+        place = next(self._places)
+        self._promises[place] = 0.0
+        return place
 
-    def release(self, seconds: float) -> None:
+    def promised_until(self, place: int | None) -> float:
+        """Seconds promised at places up to `place`, its own included (None: all)."""
+        later = 0.0
+        if place is not None:
+            for p in reversed(self._promises):  # the latest first: usually few or none
+                if p <= place:
+                    break
+                later += self._promises[p]
+        return max(0.0, self.promised_s - later)
+
+    def ahead_s(self, place: int | None = None) -> float:
+        """Seconds of work promised (up to `place`), queued and running on the batchers."""
+        return self.promised_until(place) + sum(b.backlog_s() for b in self.batchers)
+
+    def release(self, place: int) -> None:
         """A promise kept (the work was queued) or withdrawn (the request ended first)."""
-        self.promised_s = max(0.0, self.promised_s - seconds)
+        self.promised_s -= self._promises.pop(place, 0.0)
+        if not self._promises or self.promised_s < 0:
+            self.promised_s = max(0.0, sum(self._promises.values()))
+
+    def clear(self, place: int) -> None:
+        """Nothing promised at `place` any more, the place kept (a request tokenised: admitted
+        again on its exact sequences, at the place it had)."""
+        if place in self._promises:
+            self.promised_s -= self._promises[place]
+            self._promises[place] = 0.0
 
     def admit(
         self,
@@ -74,26 +117,61 @@ class Admission:
         remaining_s: float,
         unit: str = "inputs",
         deadline_s: float | None = None,
-    ) -> float:
-        """The seconds of work promised for these texts on `batcher` (release them once queued);
+        prepare_s: float = 0.0,
+        place: int | None = None,
+    ) -> int:
+        """The place where these texts' work on `batcher` is promised (release it once queued);
         PayloadTooLarge (413) or Overloaded (429) when they cannot meet their deadline
         (remaining_s from now). deadline_s: the request's own deadline, when shorter than the
-        server's (a gRPC client's): the headroom kept free is that deadline's share."""
-        own = batcher.predict(lengths)
+        server's (a gRPC client's): the headroom kept free is that deadline's share. prepare_s:
+        the predicted preparation still ahead of these texts (tokenising), promised with them.
+        place: the request's place (its other lane's promise, or the one it was admitted at
+        before tokenising): only what was promised up to it is ahead (default: a new place,
+        behind everything, released here if refused)."""
+        fresh = place is None or place not in self._promises
+        if place is None or fresh:
+            place = self.place()
+        try:
+            own = self._check(batcher, lengths, remaining_s, unit, deadline_s, prepare_s, place)
+        except BaseException:
+            if fresh:
+                self.release(place)
+            raise
+        self._promises[place] = self._promises.get(place, 0.0) + own
+        self.promised_s += own
+        return place
+
+    def _check(
+        self,
+        batcher: Backlogged,
+        lengths: Sequence[int],
+        remaining_s: float,
+        unit: str,
+        deadline_s: float | None,
+        prepare_s: float,
+        place: int,
+    ) -> float:
+        """The seconds these texts need, or the refusal."""
+        own = batcher.predict(lengths) + prepare_s
         source = batcher.cost.source
         budget_s = self.timeout_s * self.headroom
         if own > budget_s:
-            fit = fitting(batcher, lengths, budget_s)
+            fit = fitting(batcher, lengths, budget_s, prepare_s / max(1, len(lengths)))
             batcher.rejected("over_capacity")
             raise PayloadTooLarge(
                 f"{len(lengths)} {unit} of {sum(lengths)} tokens need about {own:.1f} s on this "
-                f"server (its cost per batch {source}), past "
+                f"server (its cost per batch {source}"
+                f"{f', {prepare_s:.1f} s of it tokenising' if prepare_s >= 0.05 else ''}), past "
                 f"{100 * self.headroom:.0f} % of the request deadline of {self.timeout_s:g} s "
                 "(HEADWISE_REQUEST_TIMEOUT_S, HEADWISE_ADMISSION_HEADROOM): send at most about "
                 f"{fit} such {unit} a request",
                 param="inputs",
             )
-        ahead = self.ahead_s() if batcher in self.batchers else batcher.backlog_s() + self.promised_s
+        ahead = (
+            self.ahead_s(place)
+            if batcher in self.batchers
+            else batcher.backlog_s() + self.promised_until(place)
+        )
         span_s = self.timeout_s if deadline_s is None else min(self.timeout_s, deadline_s)
         usable_s = remaining_s - span_s * (1 - self.headroom)  # the headroom kept free
         if ahead + own > usable_s:
@@ -105,5 +183,4 @@ class Admission:
                 "retry later or send fewer inputs",
                 retry_after=max(1.0, ahead + own - usable_s),
             )
-        self.promised_s += own
         return own

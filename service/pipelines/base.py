@@ -5,7 +5,8 @@ A pipeline says how its inputs become token sequences (`prepare`, which may refu
 long, too many); the intake does the rest in the same order for every route, so no pipeline can
 forget a step. Admission happens twice: on a lower bound before tokenising (so a request that
 cannot fit is refused in microseconds) and on the exact counts after it, always before anything
-is queued. `hold` wraps the queueing and what follows it (the /attention budget and pacer).
+is queued. The first also prices the tokenising itself (service/engine/preparing.py: measured
+seconds a character), which the preparation's time, when it ran alone, refines. `hold` wraps the queueing and what follows it (the /attention budget and pacer).
 
 A request may ask for its sequences to be queued in pieces (`Prepared.pieces`: an explanation's
 hundreds of variants of one text), one after another: each piece is admitted, held and queued
@@ -27,6 +28,7 @@ import numpy as np
 from service.engine.admission import Admission
 from service.engine.batch_policy import Item
 from service.engine.batcher import DynamicBatcher
+from service.engine.preparing import PrepareCost
 from service.errors import InvalidInput, Overloaded, PayloadTooLarge
 from service.metrics import Metrics
 from service.pipelines.call import Call, Timings
@@ -96,8 +98,12 @@ class Intake:
         model: str,
         long: DynamicBatcher | None = None,
         long_tokens: int = 0,
+        prepare_cost: PrepareCost | None = None,
     ) -> None:
+        """prepare_cost: what tokenising a character costs (the model's tokenizer's), None where
+        a request's preparation tokenises nothing worth pricing."""
         self.batcher = batcher
+        self.prepare_cost = prepare_cost
         self.long = long if long_tokens else None
         self.long_tokens = long_tokens
         self.admission = admission
@@ -115,23 +121,36 @@ class Intake:
         long = [i for i, n in enumerate(lengths) if n > self.long_tokens]
         return [(b, idx) for b, idx in ((self.batcher, short), (self.long, long)) if idx]
 
-    def admit(self, lengths: Sequence[int], call: Call, unit: str = "inputs") -> float:
-        """Seconds of work promised (release once queued), or a refusal (naming the sequences
-        as `unit`: inputs, or what a request's inputs became: windows, chunks)."""
-        promised = 0.0
+    def admit(
+        self,
+        lengths: Sequence[int],
+        call: Call,
+        unit: str = "inputs",
+        prepare_s: float = 0.0,
+        place: int | None = None,
+    ) -> int:
+        """The place of the promise (release it once queued), or a refusal (naming the
+        sequences as `unit`: inputs, or what a request's inputs became: windows, chunks), which
+        withdraws it. prepare_s: the predicted tokenising still ahead of them, promised with the
+        first lane's. place: the request's own, kept from its admission before tokenising
+        (default: a new one, behind every promise made so far)."""
+        if place is None:
+            place = self.admission.place()
         try:
             for batcher, idx in self.lanes(lengths):
                 part = [lengths[i] for i in idx]
-                left = call.remaining() - promised
-                promised += self.admission.admit(batcher, part, left, unit, call.timeout_s)
-            return promised
+                self.admission.admit(
+                    batcher, part, call.remaining(), unit, call.timeout_s, prepare_s, place
+                )
+                prepare_s = 0.0
+            return place
         except Overloaded:
-            self.admission.release(promised)
+            self.admission.release(place)
             if call.draining:  # it is the shutdown, not the load, that leaves too little time
                 raise call.expired() from None
             raise
         except BaseException:
-            self.admission.release(promised)
+            self.admission.release(place)
             raise
 
     def precheck(self, lengths: Sequence[int], call: Call, unit: str = "inputs") -> None:
@@ -178,22 +197,33 @@ class Intake:
         hold: Hold | None = None,
         then: Callable[[Ran[Any]], Awaitable[R]] | None = None,
         unit: str = "inputs",
+        chars: int = 0,
     ) -> Any:
         """The batcher's outputs for the prepared sequences (or `then` of them, still inside
-        `hold`). at_least: a lower bound of each input's tokens, known without a tokenizer."""
+        `hold`). at_least: a lower bound of each input's tokens, known without a tokenizer;
+        chars: the characters `prepare` tokenises (what its time is priced and measured by)."""
         call.check()
-        promised = self.admit(at_least, call, unit) if at_least else 0.0
+        cost = self.prepare_cost if chars else None
+        prepare_s = cost.seconds(chars) if cost is not None else 0.0
+        place = self.admit(at_least, call, unit, prepare_s) if at_least else None
         self.batcher.arriving += 1
         try:
             started = time.monotonic()
-            prepared = await prepare()
+            ticket = self.admission.preparing.enter()
+            try:
+                prepared = await prepare()
+            finally:
+                alone = self.admission.preparing.leave(ticket)
             tokenization_s = time.monotonic() - started
-            self.admission.release(promised)
-            promised = 0.0
+            if cost is not None:
+                cost.observe(chars, tokenization_s, alone)
+            if place is not None:  # its estimate, replaced by its exact sequences at its place
+                self.admission.clear(place)
             pieces = prepared.split()
-            promised = self.admit([len(s) for s in pieces[0].sequences], call, unit)
+            place = self.admit([len(s) for s in pieces[0].sequences], call, unit, place=place)
         except BaseException:
-            self.admission.release(promised)
+            if place is not None:
+                self.admission.release(place)
             raise
         finally:
             self.batcher.arriving -= 1
@@ -205,13 +235,14 @@ class Intake:
         try:
             for k, piece in enumerate(pieces):
                 if k:  # each later piece is admitted as it is queued, like any other work
-                    promised = self.admit([len(s) for s in piece.sequences], call, unit)
+                    place = self.admit([len(s) for s in piece.sequences], call, unit)
                 async with contextlib.AsyncExitStack() as held:
                     if hold is not None:
                         await _enter(held, hold(piece), call)
                     items = await self._submit(piece, call.deadline)
-                    self.admission.release(promised)  # queued: the batchers count it now
-                    promised = 0.0
+                    if place is not None:  # queued: the batchers count it now
+                        self.admission.release(place)
+                    place = None
                     rows += await call.wait([it.future for it in items])
                     _add(timings, items)
                     if k == len(pieces) - 1:  # `then` runs inside the last piece's hold
@@ -222,7 +253,8 @@ class Intake:
                         return await then(ran) if then is not None else ran
             raise AssertionError("a request has at least one piece")
         finally:
-            self.admission.release(promised)  # refused by the queue or the hold: withdrawn
+            if place is not None:  # refused by the queue or the hold: withdrawn
+                self.admission.release(place)
 
 
 async def _enter(
@@ -259,6 +291,18 @@ def as_list(inputs: str | Sequence[Any], name: str) -> list[Any]:
     if not texts:
         raise InvalidInput(f"{name} must not be an empty list", param=name)
     return texts
+
+
+def chars_of(inputs: Sequence[Any]) -> int:
+    """The characters a tokenizer reads of these inputs (texts, or pairs of them; token id
+    arrays are not tokenised)."""
+    n = 0
+    for it in inputs:
+        if isinstance(it, str):
+            n += len(it)
+        elif isinstance(it, (tuple, list)):
+            n += sum(len(t) for t in it if isinstance(t, str))
+    return n
 
 
 def check_texts(texts: Sequence[str], settings: Settings, name: str, limit: int = 0) -> None:

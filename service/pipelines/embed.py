@@ -22,6 +22,7 @@ from service.pipelines.base import (
     Intake,
     Prepared,
     as_list,
+    chars_of,
     check_ids,
     check_texts,
     postprocess,
@@ -218,8 +219,9 @@ class EmbedPipeline:
         if at_least is None:
             at_least = self._at_least(inputs)
         ran = await self.intake.run(
-            call, lambda: self._sequences(call, inputs, how), at_least=at_least
-        )
+            call, lambda: self._sequences(call, inputs, how), at_least=at_least,
+            chars=chars_of(inputs),
+        )  # fmt: skip
         if normalize is None:
             normalize = self.manifest.normalize
         vectors = postprocess(np.stack(ran.rows), normalize, dimensions)
@@ -236,8 +238,9 @@ class EmbedPipeline:
             )
         inputs = self.prompted(inputs, how.prompt_name, how.instruction)
         ran = await self.tokens.run(
-            call, lambda: self._sequences(call, inputs, how), at_least=self._at_least(inputs)
-        )
+            call, lambda: self._sequences(call, inputs, how), at_least=self._at_least(inputs),
+            chars=chars_of(inputs),
+        )  # fmt: skip
         return [row[:n] for row, n in zip(ran.rows, ran.lengths, strict=True)]
 
     async def _too_long(self, call: Call, item: Input, i: int, limit: int) -> None:

@@ -30,7 +30,7 @@ from service.engine.runtime import Backend
 from service.errors import PayloadTooLarge, WrongTask
 from service.manifest import Manifest, Output
 from service.pipelines.attention.limits import Budget
-from service.pipelines.base import Intake, Prepared, Ran, postprocess
+from service.pipelines.base import Intake, Prepared, Ran, chars_of, postprocess
 from service.pipelines.call import Call, Timings
 from service.pipelines.embed import EmbedPipeline, Input, Tokenizing
 from service.settings import Settings
@@ -265,7 +265,7 @@ class OutputsPipeline:
                 yield
 
         ran: Ran[Row] = await self.intake.run(
-            call, prepare, at_least=at_least, hold=hold if multi else None
+            call, prepare, at_least=at_least, hold=hold if multi else None, chars=chars_of(texts)
         )
         seqs = ran.prepared.sequences
         dense = None

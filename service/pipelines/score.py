@@ -22,7 +22,7 @@ from tokenizers import Encoding
 from service.engine.batcher import DynamicBatcher
 from service.engine.runtime import Backend
 from service.errors import InvalidInput, PayloadTooLarge
-from service.pipelines.base import Intake, Prepared, check_texts
+from service.pipelines.base import Intake, Prepared, chars_of, check_texts
 from service.pipelines.call import Call, Timings
 from service.pipelines.template import PairTemplate
 from service.settings import Settings
@@ -177,7 +177,9 @@ class ScorePipeline:
             return await self._sequences(call, pairs, truncate, instruction)
 
         self.check_instruction(instruction)
-        ran = await self.intake.run(call, prepare, at_least=self._at_least(items))
+        ran = await self.intake.run(
+            call, prepare, at_least=self._at_least(items), chars=chars_of(items)
+        )
         logits = np.stack(ran.rows).astype(np.float64)
         return Scored(logits, ran.lengths, ran.timings)
 

@@ -153,11 +153,52 @@ def test_work_admitted_but_not_yet_queued_counts_for_the_requests_after_it():
     admission = Admission(timeout_s=10.0)
     b = Stub(100)
     admission.batchers.append(b)
-    promised = [admission.admit(b, [300], 10.0) for _ in range(3)]  # 3 s each: 9 s
+    places = [admission.admit(b, [300], 10.0) for _ in range(3)]  # 3 s each: 9 s
     with pytest.raises(Overloaded):
         admission.admit(b, [300], 10.0)
-    admission.release(sum(promised))  # queued (or withdrawn): the batcher counts it, or nobody
+    assert admission.ahead_s() == pytest.approx(9.0)  # the refused one promised nothing
+    for place in places:
+        admission.release(place)  # queued (or withdrawn): the batcher counts it, or nobody
     assert admission.ahead_s() == 0.0
+
+
+def test_a_request_admitted_again_at_its_place_is_behind_only_what_was_promised_before_it():
+    """Tokenised, a request is admitted again on its exact sequences: the requests admitted
+    after it (still tokenising) are behind it, not ahead; a new request is behind them all."""
+    admission = Admission(timeout_s=10.0)
+    b = Stub(100)
+    admission.batchers.append(b)
+    first = admission.admit(b, [200], 10.0, prepare_s=1.0)  # 2 s of batches, 1 s tokenising
+    later = [admission.admit(b, [200], 10.0) for _ in range(3)]  # 6 s more: 9 s promised
+    assert admission.ahead_s() == pytest.approx(9.0)
+    assert admission.ahead_s(first) == pytest.approx(3.0)
+    with pytest.raises(Overloaded):
+        admission.admit(b, [200], 10.0)  # a new one: 9 + 2 > 10
+    admission.clear(first)  # tokenised: its estimate goes, its place stays
+    assert admission.ahead_s() == pytest.approx(6.0)
+    assert admission.admit(b, [250], 9.0, place=first) == first  # 2.5 s behind nothing
+    assert admission.ahead_s(first) == pytest.approx(2.5)
+    assert admission.ahead_s(later[0]) == pytest.approx(4.5)
+    with pytest.raises(Overloaded):  # 8.5 s promised, and a new request's own 2 s
+        admission.admit(b, [200], 10.0)
+    for place in [first, *later]:
+        admission.release(place)
+    assert admission.ahead_s() == 0.0 and admission.promised_s == 0.0
+
+
+def test_tokenising_is_promised_with_the_batches_and_priced_in_a_413():
+    admission = Admission(timeout_s=10.0)
+    b = Stub(100)
+    admission.batchers.append(b)
+    with pytest.raises(PayloadTooLarge) as err:
+        admission.admit(b, [100] * 8, 10.0, prepare_s=4.0)  # 8 s of batches + 4 s tokenising
+    message = err.value.message
+    assert "4.0 s of it tokenising" in message
+    fit = int(message.split("send at most about ")[1].split()[0])
+    assert fit == 6  # each input 1 s of batches and 0.5 s of tokenising: 6 fit in 10 s
+    place = admission.admit(b, [100] * 6, 10.0, prepare_s=3.0)
+    assert admission.ahead_s() == pytest.approx(9.0)
+    admission.release(place)
 
 
 def test_models_on_one_device_share_one_admission():
@@ -179,10 +220,10 @@ def test_headroom_keeps_a_share_of_the_deadline_free():
     with pytest.raises(PayloadTooLarge) as err:
         admission.admit(b, [850], 10.0)
     assert "80 % of the request deadline" in err.value.message
-    admission.admit(b, [750], 10.0)
+    place = admission.admit(b, [750], 10.0)
     with pytest.raises(Overloaded) as late:
         admission.admit(b, [100], 10.0)  # 7.5 s promised + 1 s > 8 s
     assert late.value.retry_after == pytest.approx(1.0)
-    admission.release(7.5)
+    admission.release(place)
     b.backlog = 7.0
     admission.admit(b, [100], 10.0)  # 7 s queued + 1 s = 8 s: fits exactly

@@ -108,3 +108,46 @@ def test_another_requests_work_runs_between_two_pieces():
 
     asyncio.run(main())
     assert gate.batches == [[[5, 5], [5, 5]], [[1, 2, 3]], [[5, 5], [5, 5]]]
+
+
+def test_a_tokenised_request_is_admitted_again_behind_only_what_was_promised_before_it():
+    """Its tokenising is priced when it is admitted (1 s for 10,000 characters here); once its
+    sequences exist it is admitted again at its place: the 8 s promised after it (requests
+    still tokenising) do not turn it away, though 8 s + its own 3 s exceed its deadline."""
+    from service.engine.cost import CostModel
+    from service.engine.preparing import PrepareCost
+
+    gate = Gate()
+    tokenising = PrepareCost()
+    tokenising.calibrated(1e-4)
+
+    async def main():
+        policy = BatchPolicy(max_wait_s=0.0, max_padding_ratio=1.0)
+        batcher = DynamicBatcher(gate, policy, cost=CostModel(fixed_tokens_per_s=100))
+        admission = Admission(10.0)
+        admission.batchers.append(batcher)
+        batcher.start()
+        it = Intake(batcher, admission, Metrics(), "test", "m", prepare_cost=tokenising)
+        go = asyncio.Event()
+        promised: list[float] = []
+
+        async def prepare() -> Prepared:
+            promised.append(admission.ahead_s())  # its 1 s of batches and 1 s of tokenising
+            await go.wait()
+            return Prepared([[5] * 300])  # 3 s of batches, not 1
+
+        task = asyncio.ensure_future(it.run(Call.within(10), prepare, at_least=[100], chars=10_000))
+        await asyncio.sleep(0.01)
+        later = admission.admit(batcher, [800], 10.0)  # admitted after it: 8 s
+        go.set()
+        ran = await task
+        after = admission.ahead_s()
+        admission.release(later)
+        await batcher.stop()
+        return ran, promised, after
+
+    ran, promised, after = asyncio.run(main())
+    assert [int(r) for r in ran.rows] == [1500]
+    assert promised == [pytest.approx(2.0)]
+    assert after == pytest.approx(8.0)  # its own promise released once queued, kept by the batcher
+    assert tokenising.source == "measured" and tokenising.per_char_s < 1e-4  # it took ~10 ms

@@ -34,9 +34,9 @@ def admitted(monkeypatch):
     calls: list[tuple[Intake, list[int], str]] = []
     real = Intake.admit
 
-    def spy(self, lengths, call, unit="inputs"):
+    def spy(self, lengths, call, unit="inputs", *args, **kwargs):
         calls.append((self, list(lengths), unit))
-        return real(self, lengths, call, unit)
+        return real(self, lengths, call, unit, *args, **kwargs)
 
     monkeypatch.setattr(Intake, "admit", spy)
     return calls

@@ -1,0 +1,108 @@
+"""What preparing a request costs before any batch runs: measured, never assumed.
+
+A request's texts are tokenised (the tokenizer's own threads, on the same cores as the model)
+and made into sequences (on the event loop) before the batcher sees them. On a fast model that
+is most of a request's work: 128 documents of ~90 tokens take ~9 ms to tokenise on 2 cores and
+~5 ms through a 2-layer model. Admission that priced only the model admitted a flood it could not
+tokenise in time, and every admitted request missed its deadline together (bench.hostile on the
+tiny bundles: 0 of 559 answered).
+
+So preparation is priced as the model is, in seconds of the machine per character tokenised:
+- calibrated at warm-up: the model's tokenizer timed on text made of its own vocabulary
+  (best of a few runs, nothing else running);
+- refined by the requests served: a request's preparation that ran while no other did
+  (`Device`'s overlap test, over preparations) is its cost; overlapped ones share the cores and
+  would look slower than they are. Small requests say little about a rate a character (their
+  time is the fixed cost of a call), so only those of at least MIN_CHARS count.
+
+One `PrepareCost` per model (its tokenizer), shared by its pipelines' intakes. Where the
+operator states the server's rate (HEADWISE_CAPACITY_TOKENS_PER_S) nothing is measured: that
+rate is the whole request's.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from tokenizers import Encoding
+
+# A request's preparation refines the rate when it tokenised at least this many characters.
+MIN_CHARS = 2000
+# The weight of the newest measurement in the running rate.
+WEIGHT = 0.2
+# Calibration: this many texts of TOKENS vocabulary ids each, timed REPEATS times (best kept).
+TEXTS = 64
+TOKENS = 96
+REPEATS = 3
+
+
+class PrepareCost:
+    """Seconds of the machine a character of a request's texts takes to prepare."""
+
+    def __init__(self, learns: bool = True) -> None:
+        """learns: False where nothing is measured (the operator states the server's rate,
+        HEADWISE_CAPACITY_TOKENS_PER_S; a test's fake backend): tokenising is not priced."""
+        self.learns = learns
+        self.per_char_s: float | None = None
+        self.source = "not measured"
+        self.measured = 0  # served preparations that refined the rate
+
+    def seconds(self, chars: int) -> float:
+        """Predicted seconds to prepare this many characters (0 until calibrated or measured)."""
+        return chars * self.per_char_s if self.per_char_s is not None else 0.0
+
+    def calibrated(self, per_char_s: float) -> None:
+        self.per_char_s = per_char_s
+        self.source = "calibrated"
+
+    def observe(self, chars: int, seconds: float, alone: bool) -> None:
+        """A served request's preparation: chars tokenised in seconds (alone: no other
+        preparation ran at any moment of it)."""
+        if not self.learns or not alone or chars < MIN_CHARS or seconds <= 0:
+            return
+        rate = seconds / chars
+        old = self.per_char_s
+        self.per_char_s = rate if old is None else old + WEIGHT * (rate - old)
+        self.source = "measured"
+        self.measured += 1
+
+    def describe(self) -> dict[str, object]:
+        """The figures /info shows."""
+        return {
+            "source": self.source,
+            "per_char_s": self.per_char_s,
+            "requests_measured": self.measured,
+        }
+
+
+def sample_texts(decode: Callable[[list[int]], str], vocab_size: int, seed: int = 0) -> list[str]:
+    """TEXTS texts of TOKENS ids each, drawn from the vocabulary past its first thousand (special
+    and unused tokens), decoded: text the tokenizer splits as it splits real words."""
+    rng = random.Random(seed)
+    low = min(1000, vocab_size // 2)
+    return [decode([rng.randrange(low, vocab_size) for _ in range(TOKENS)]) for _ in range(TEXTS)]
+
+
+def calibrate(tokenize: Callable[[list[str]], Sequence[Encoding]], texts: list[str]) -> float:
+    """Seconds a character: the best of REPEATS timed runs of `tokenize` over the texts, each
+    encoding read as the pipelines read it (its ids, whether it was cut) and let go: reading
+    an encoding's overflow copies it, and freeing encodings is a third of their making."""
+    chars = sum(map(len, texts))
+    if chars == 0:
+        raise ValueError("calibration texts are empty")
+    _prepare(tokenize, texts)  # the tokenizer's threads and caches, before anything is timed
+    best = float("inf")
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        _prepare(tokenize, texts)
+        best = min(best, time.perf_counter() - t0)
+    return best / chars
+
+
+def _prepare(tokenize: Callable[[list[str]], Sequence[Encoding]], texts: list[str]) -> int:
+    encodings = tokenize(texts)
+    n = sum(len(e.ids) + bool(e.overflowing) for e in encodings)
+    del encodings
+    return n

@@ -172,13 +172,13 @@ async def deadlines(bundles: list[str], timeout_s: float, load: float, seed: int
         room_for_sockets(len(wire))
         answered = await asyncio.wait_for(answers(url, wire, len(wire)), timeout_s * 20)
         results = [
-            (path, a.status_code if isinstance(a, Answer) else 0, seconds)
+            (path, a.status_code if isinstance(a, Answer) else 0, seconds, refusal(a))
             for (path, _), (a, seconds) in zip(requests, answered, strict=True)
         ]
     finally:
         stop(proc)
-    refused = [r for r in results if r[1] in (413, 429)]
-    admitted = [r for r in results if r[1] not in (413, 429)]
+    refused = [r for r in results if r[3]]
+    admitted = [r for r in results if not r[3]]
     ok = [r for r in admitted if r[1] == 200]
     return {
         "timeout_s": timeout_s,
@@ -194,6 +194,16 @@ async def deadlines(bundles: list[str], timeout_s: float, load: float, seed: int
         "latest_answer_s": max(r[2] for r in results),
         "latest_answer_vs_deadline_s": max(r[2] for r in results) - timeout_s,
     }
+
+
+def refusal(answer: Answer | Exception) -> bool:
+    """Refused before any work: 413, 429, or the in-flight limit's 503 ("server at capacity",
+    HEADWISE_MAX_REQUESTS, when more requests are offered than it allows); a 503 at the
+    deadline is an admitted request that did not finish."""
+    if not isinstance(answer, Answer):
+        return False
+    status = answer.status_code
+    return status in (413, 429) or (status == 503 and b"server at capacity" in answer.body)
 
 
 # --- 3. gone clients ---------------------------------------------------------------------

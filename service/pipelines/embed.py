@@ -174,17 +174,14 @@ class EmbedPipeline:
     async def _sequences(self, call: Call, inputs: list[Input], how: Tokenizing) -> Prepared:
         """Token ids per input (texts tokenised, id arrays as given), truncated or refused."""
         texts = [t for t in inputs if isinstance(t, str)]
-        encodings, _ = await call.tokenize(self.backend.tokenize, texts, True, how.side)
         limit = min(self.manifest.max_length, how.max_tokens or self.manifest.max_length)
+        read, _ = await call.tokenize(self._read, texts, how.side, limit)
         out: list[list[int]] = []
         truncated = 0
-        encoded = iter(encodings)
+        encoded = iter(read)
         for i, item in enumerate(inputs):
             if isinstance(item, str):
-                e = next(encoded)
-                cut, ids = bool(e.overflowing), e.ids
-                if len(ids) > limit:  # max_tokens: cut as the tokenizer would, specials kept
-                    cut, ids = True, shorten(ids, limit, how.side, e.special_tokens_mask)
+                ids, cut = next(encoded)
             else:
                 cut = len(item) > limit
                 ids = (item[:limit] if how.side == "right" else item[-limit:]) if cut else item
@@ -193,6 +190,19 @@ class EmbedPipeline:
             truncated += cut
             out.append(ids)
         return Prepared(out, truncated=truncated)
+
+    def _read(self, texts: list[str], side: Side, limit: int) -> list[tuple[list[int], bool]]:
+        """Each text's ids (at most `limit`) and whether it was cut: on the tokenising worker,
+        which reads the encodings and lets them go (on 128 documents reading whether one was cut
+        copies its overflow, and freeing them costs a third of their making: ~2 ms that were the
+        event loop's)."""
+        out = []
+        for e in self.backend.tokenize(texts, True, side):
+            ids, cut = e.ids, bool(e.overflowing)
+            if len(ids) > limit:  # max_tokens: cut as the tokenizer would, specials kept
+                ids, cut = shorten(ids, limit, side, e.special_tokens_mask), True
+            out.append((ids, cut))
+        return out
 
     def _at_least(self, inputs: list[Input]) -> list[int]:
         """A lower bound on each input's tokens, without the tokenizer (every word is one)."""

@@ -230,7 +230,9 @@ def build_model(
     manifest = backend.manifest
     admission = admission or Admission(settings.request_timeout_s, settings.admission_headroom)
     model = Model(name, backend, manifest.created or int(time.time()), admission)
-    model.prepare_cost = PrepareCost(backend.measurable and settings.capacity_tokens_per_s is None)
+    model.prepare_cost = PrepareCost(
+        backend.measurable and settings.capacity_tokens_per_s is None, cores().usable
+    )
     # One cost per session: the batchers that run the main session share one, the long lane's
     # its own (one thread, lowest priority).
     main, long_lane = session_cost(settings, backend), session_cost(settings, backend)
@@ -735,11 +737,23 @@ class Registry:
             return
         backend = model.backend
         loop = asyncio.get_running_loop()
-        texts = sample_texts(backend.decode, backend.manifest.vocab_size)
-        per_char_s = await loop.run_in_executor(None, calibrate_tokenizer, backend.tokenize, texts)
+        # The tokenizer's own vocabulary: a model's embedding table may be larger (padded, or a
+        # checkpoint past 2 GiB made of unused rows), and ids past the tokenizer decode to "".
+        tokenizer = getattr(backend, "tokenizer", None)
+        size = backend.manifest.vocab_size
+        if tokenizer is not None:
+            size = min(size, tokenizer.get_vocab_size())
+        texts = sample_texts(backend.decode, size)
+        try:
+            per_char_s = await loop.run_in_executor(
+                None, calibrate_tokenizer, backend.tokenize, texts
+            )
+        except ValueError as exc:  # nothing to time: priced from its first requests instead
+            log.warning("%s: tokenising not calibrated (%s)", model.name, exc)
+            return
         model.prepare_cost.calibrated(per_char_s)
         log.info(
-            "%s: tokenising costs %.3f µs a character (%.1f ms for 100 texts of 500)",
+            "%s: tokenising costs %.3f µs of CPU a character (%.1f ms for 100 texts of 500)",
             model.name, per_char_s * 1e6, per_char_s * 5e4 * 1e3,
         )  # fmt: skip
 

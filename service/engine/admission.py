@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from service.engine.cost import CostModel, Device
+from service.engine.preparing import PrepareCost
 from service.errors import Overloaded, PayloadTooLarge
 
 
@@ -72,10 +73,12 @@ class Admission:
         self.headroom = headroom
         self.device = device if device is not None else Device()
         self.batchers: list[Backlogged] = []
-        self.promised_s = 0.0  # the promises' sum
+        self.promised_s = 0.0  # the promises' sum (their batches)
         self._promises: dict[int, float] = {}  # place -> seconds, in the order of the places
+        # place -> the characters it has still to tokenise, at their model's rate: priced when
+        # read, so that a rate measured under a flood reprices every promise made before it.
+        self._tokenising: dict[int, tuple[PrepareCost, int]] = {}
         self._places = itertools.count(1)
-        self.preparing = Device()  # requests being prepared: whether one's time was its own
 
     def place(self) -> int:
         """A new place in line, behind every promise made so far (nothing promised yet)."""
@@ -91,7 +94,16 @@ class Admission:
                 if p <= place:
                     break
                 later += self._promises[p]
-        return max(0.0, self.promised_s - later)
+        tokenising = sum(
+            cost.seconds(chars)
+            for p, (cost, chars) in self._tokenising.items()
+            if place is None or p <= place
+        )
+        return max(0.0, self.promised_s - later) + tokenising
+
+    def promised_at(self, place: int) -> float:
+        """Seconds of batches promised at this place (0 once released)."""
+        return self._promises.get(place, 0.0)
 
     def ahead_s(self, place: int | None = None) -> float:
         """Seconds of work promised (up to `place`), queued and running on the batchers."""
@@ -100,6 +112,7 @@ class Admission:
     def release(self, place: int) -> None:
         """A promise kept (the work was queued) or withdrawn (the request ended first)."""
         self.promised_s -= self._promises.pop(place, 0.0)
+        self._tokenising.pop(place, None)
         if not self._promises or self.promised_s < 0:
             self.promised_s = max(0.0, sum(self._promises.values()))
 
@@ -109,6 +122,7 @@ class Admission:
         if place in self._promises:
             self.promised_s -= self._promises[place]
             self._promises[place] = 0.0
+        self._tokenising.pop(place, None)
 
     def admit(
         self,
@@ -117,28 +131,32 @@ class Admission:
         remaining_s: float,
         unit: str = "inputs",
         deadline_s: float | None = None,
-        prepare_s: float = 0.0,
+        tokenising: tuple[PrepareCost, int] | None = None,
         place: int | None = None,
     ) -> int:
         """The place where these texts' work on `batcher` is promised (release it once queued);
         PayloadTooLarge (413) or Overloaded (429) when they cannot meet their deadline
         (remaining_s from now). deadline_s: the request's own deadline, when shorter than the
-        server's (a gRPC client's): the headroom kept free is that deadline's share. prepare_s:
-        the predicted preparation still ahead of these texts (tokenising), promised with them.
+        server's (a gRPC client's): the headroom kept free is that deadline's share. tokenising:
+        the characters still to tokenise before these texts exist, at their model's rate
+        (engine/preparing.py), promised with them.
         place: the request's place (its other lane's promise, or the one it was admitted at
         before tokenising): only what was promised up to it is ahead (default: a new place,
         behind everything, released here if refused)."""
         fresh = place is None or place not in self._promises
         if place is None or fresh:
             place = self.place()
+        prepare_s = tokenising[0].seconds(tokenising[1]) if tokenising is not None else 0.0
         try:
             own = self._check(batcher, lengths, remaining_s, unit, deadline_s, prepare_s, place)
         except BaseException:
             if fresh:
                 self.release(place)
             raise
-        self._promises[place] = self._promises.get(place, 0.0) + own
-        self.promised_s += own
+        self._promises[place] = self._promises.get(place, 0.0) + own - prepare_s
+        self.promised_s += own - prepare_s
+        if tokenising is not None:
+            self._tokenising[place] = tokenising
         return place
 
     def _check(

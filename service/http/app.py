@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -19,7 +20,7 @@ from service import __version__
 from service.api.declaration import RouteTable
 from service.api.routes import TABLE
 from service.bundle import load_bundle
-from service.engine.cpu import cores
+from service.engine.preparing import workers
 from service.engine.runtime import Backend, OnnxBackend
 from service.engine.trimmer import Trimmer
 from service.http.errors import Answers
@@ -46,13 +47,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     st = app.state
     settings: Settings = st.settings
     table: RouteTable = st.table
-    # Tokenising runs on the loop's default executor (Call.offload). A tokenizer's call already
-    # spreads over every core (its own threads): as many callers as cores, no more. Python's
-    # default (CPUs + 4) only made them contend, and tokenised a flood's admitted requests all
-    # at once rather than in turn: on 2 cores, of ~320 admitted, 161 answered in time against
-    # 39-81 with six (bench.hostile's flood on the tiny bundles); no change at 32 clients.
+    # Tokenising runs on the loop's default executor (Call.tokenize), one worker a core, each
+    # tokenizer call on the thread that makes it (as TEI's tokenization workers): its CPU time
+    # is then what the request's tokenising cost, which admission prices (engine/preparing.py).
+    # Python's default (CPUs + 4) with the tokenizer's own threads under each call only made
+    # them contend, and tokenised a flood's admitted requests all at once rather than in turn
+    # (bench.hostile's flood on 2 cores: of ~320 admitted, 161 answered in time against 39-81).
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max(2, cores().usable), thread_name_prefix="prepare")
+        ThreadPoolExecutor(workers(), thread_name_prefix="prepare")
     )
     specs = [ModelSpec.parse(text) for text in settings.bundle_specs()]
     registry = Registry.load(specs, st.loader, settings, st.metrics, table.paths_for)

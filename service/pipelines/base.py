@@ -126,23 +126,23 @@ class Intake:
         lengths: Sequence[int],
         call: Call,
         unit: str = "inputs",
-        prepare_s: float = 0.0,
+        tokenising: tuple[PrepareCost, int] | None = None,
         place: int | None = None,
     ) -> int:
         """The place of the promise (release it once queued), or a refusal (naming the
         sequences as `unit`: inputs, or what a request's inputs became: windows, chunks), which
-        withdraws it. prepare_s: the predicted tokenising still ahead of them, promised with the
-        first lane's. place: the request's own, kept from its admission before tokenising
-        (default: a new one, behind every promise made so far)."""
+        withdraws it. tokenising: the characters still to tokenise before them (and their
+        model's rate), promised with the first lane's. place: the request's own, kept from its
+        admission before tokenising (default: a new one, behind every promise made so far)."""
         if place is None:
             place = self.admission.place()
         try:
             for batcher, idx in self.lanes(lengths):
                 part = [lengths[i] for i in idx]
                 self.admission.admit(
-                    batcher, part, call.remaining(), unit, call.timeout_s, prepare_s, place
+                    batcher, part, call.remaining(), unit, call.timeout_s, tokenising, place
                 )
-                prepare_s = 0.0
+                tokenising = None
             return place
         except Overloaded:
             self.admission.release(place)
@@ -152,6 +152,37 @@ class Intake:
         except BaseException:
             self.admission.release(place)
             raise
+
+    def _in_time(
+        self, call: Call, cost: PrepareCost, chars: int, batches_s: float, admitted: float
+    ) -> Callable[[], None]:
+        """The check a worker thread makes when a request's tokenising gets its turn: refused
+        (429) if its tokenising and batches (at the rate measured by then) would end past its
+        deadline, before any of it is done. Admitted at a rate measured alone, a flood's
+        requests wait their turn behind more work than was predicted; those whose turn comes
+        too late give their thread to the next instead of tokenising for a 503."""
+
+        span = self.admission.timeout_s
+        if call.timeout_s is not None:
+            span = min(span, call.timeout_s)
+        keep = span * (1 - self.admission.headroom)  # the share of a deadline kept free
+
+        def check() -> None:
+            need = cost.seconds(chars) + batches_s
+            left = call.remaining()
+            if need > left - keep:
+                if call.draining:  # the shutdown, not the load, leaves too little time
+                    raise call.expired()
+                self.batcher.rejected("queue_too_long")
+                raise Overloaded(
+                    f"this request waited {time.monotonic() - admitted:.1f} s for its turn to "
+                    f"be tokenised; its tokenising and batches need about {need:.1f} s and "
+                    f"{max(0.0, left):.1f} s are left of its deadline: retry later or send "
+                    "fewer inputs",
+                    retry_after=max(1.0, need),
+                )
+
+        return check
 
     def precheck(self, lengths: Sequence[int], call: Call, unit: str = "inputs") -> None:
         """Refused now (413, 429) when sequences of these lengths, a lower bound of what the
@@ -204,19 +235,22 @@ class Intake:
         chars: the characters `prepare` tokenises (what its time is priced and measured by)."""
         call.check()
         cost = self.prepare_cost if chars else None
-        prepare_s = cost.seconds(chars) if cost is not None else 0.0
-        place = self.admit(at_least, call, unit, prepare_s) if at_least else None
+        tokenising = (cost, chars) if cost is not None else None
+        place = self.admit(at_least, call, unit, tokenising) if at_least else None
         self.batcher.arriving += 1
         try:
             started = time.monotonic()
-            ticket = self.admission.preparing.enter()
+            before = call.tokenised_chars, call.tokenising_cpu_s
+            if cost is not None and place is not None:
+                batches_s = self.admission.promised_at(place)
+                call.before_tokenising = self._in_time(call, cost, chars, batches_s, started)
             try:
                 prepared = await prepare()
             finally:
-                alone = self.admission.preparing.leave(ticket)
+                call.before_tokenising = None
             tokenization_s = time.monotonic() - started
             if cost is not None:
-                cost.observe(chars, tokenization_s, alone)
+                cost.observe(call.tokenised_chars - before[0], call.tokenising_cpu_s - before[1])
             if place is not None:  # its estimate, replaced by its exact sequences at its place
                 self.admission.clear(place)
             pieces = prepared.split()

@@ -21,9 +21,10 @@ from service.errors import Disconnected, Unavailable
 T = TypeVar("T")
 Messages = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
-# Requests this small are tokenised on the event loop (tens of µs); larger ones on a thread, in
-# pieces of about this size, so that a request notices between them that its client left or its
-# deadline passed.
+# Requests this small are tokenised on the event loop (tens of µs); larger ones on the worker
+# threads (the loop's executor: one a core, each tokenizer call on one thread), in pieces of
+# about this size, all queued at once (a large request takes every worker), so that a request
+# that waits for a worker notices that its client left or its deadline passed.
 INLINE_TEXTS = 8
 INLINE_CHARS = 2048
 CHUNK_TEXTS = 256
@@ -94,6 +95,12 @@ class Call:
         self.timeout_s = timeout_s  # what the deadline was set from (for the message)
         self._drain = drain
         self._watch: asyncio.Future[None] | None = None
+        # What its tokenising took: characters and the CPU seconds of the threads that did it.
+        self.tokenised_chars = 0
+        self.tokenising_cpu_s = 0.0
+        # Run on the worker thread before each piece is tokenised: raises to refuse the request
+        # (set by the intake: a request whose turn comes too late to finish is not tokenised).
+        self.before_tokenising: Callable[[], None] | None = None
 
     @classmethod
     def within(cls, timeout_s: float) -> Call:
@@ -185,15 +192,38 @@ class Call:
         self, fn: Callable[..., list[T]], items: Sequence[Any], *args: Any
     ) -> tuple[list[T], float]:
         """fn(items, *args) (a tokenizer's batch call), and the seconds it took: on the loop
-        when small, else on a thread in pieces, checking the call between them."""
+        when small, else on the worker threads in pieces (each checked by `before_tokenising`
+        when its turn comes). Its characters and CPU seconds add to the call's."""
         t0 = time.monotonic()
         chars = sum(len(t) if isinstance(t, str) else sum(map(len, t)) for t in items)
         if len(items) <= INLINE_TEXTS and chars <= INLINE_CHARS:
-            return fn(list(items), *args), time.monotonic() - t0
-        out: list[T] = []
-        for piece in pieces(items, CHUNK_TEXTS, CHUNK_CHARS):
-            out += await self.offload(fn, piece, *args)
-        return out, time.monotonic() - t0
+            c0 = time.thread_time()
+            out = fn(list(items), *args)
+            self._tokenised(chars, time.thread_time() - c0)
+            return out, time.monotonic() - t0
+        self.check()
+        loop = asyncio.get_running_loop()
+        futures = [
+            loop.run_in_executor(None, self._timed, fn, piece, *args)
+            for piece in pieces(items, CHUNK_TEXTS, CHUNK_CHARS)
+        ]
+        done = await self.wait(futures)
+        self._tokenised(chars, sum(cpu for _, cpu in done))
+        return [x for got, _ in done for x in got], time.monotonic() - t0
+
+    def _timed(self, fn: Callable[..., list[T]], *args: Any) -> tuple[list[T], float]:
+        """On a worker: fn(*args) and the CPU seconds it took this thread (a tokenizer call runs
+        on the thread that makes it: TOKENIZERS_PARALLELISM is off in the server)."""
+        check = self.before_tokenising
+        if check is not None:
+            check()
+        c0 = time.thread_time()
+        out = fn(*args)
+        return out, time.thread_time() - c0
+
+    def _tokenised(self, chars: int, cpu_s: float) -> None:
+        self.tokenised_chars += chars
+        self.tokenising_cpu_s += cpu_s
 
     def close(self) -> None:
         if self._watch is not None and not self._watch.done():

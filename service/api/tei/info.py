@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from service import __version__
+from service.engine.preparing import workers
 from service.registry import Model
 from service.settings import Settings
 
@@ -43,7 +44,7 @@ def tei_info(model: Model, s: Settings) -> dict[str, Any]:
         "max_batch_requests": s.max_batch_size,
         "max_client_batch_size": s.max_inputs,
         "auto_truncate": True,
-        "tokenization_workers": 1,
+        "tokenization_workers": workers(),
         "version": __version__,
         "sha": None,
         "docker_label": None,

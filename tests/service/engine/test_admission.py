@@ -10,6 +10,7 @@ import pytest
 
 from service.engine.admission import Admission
 from service.engine.cost import CostModel, Sample
+from service.engine.preparing import PrepareCost
 from service.errors import Overloaded, PayloadTooLarge
 from tests.service.conftest import client_for
 from tests.service.engine.test_batcher import Recorder, held, run, seqs, soon, started
@@ -32,6 +33,13 @@ class Stub:
 
     def rejected(self, reason: str) -> None:
         self.reasons.append(reason)
+
+
+def chars(n: int) -> tuple[PrepareCost, int]:
+    """n characters to tokenise at 1 ms each."""
+    cost = PrepareCost()
+    cost.calibrated(1e-3)
+    return cost, n
 
 
 def test_work_longer_than_the_deadline_is_413_naming_what_fits():
@@ -168,7 +176,7 @@ def test_a_request_admitted_again_at_its_place_is_behind_only_what_was_promised_
     admission = Admission(timeout_s=10.0)
     b = Stub(100)
     admission.batchers.append(b)
-    first = admission.admit(b, [200], 10.0, prepare_s=1.0)  # 2 s of batches, 1 s tokenising
+    first = admission.admit(b, [200], 10.0, tokenising=chars(1000))  # 2 s of batches, 1 s tokenising
     later = [admission.admit(b, [200], 10.0) for _ in range(3)]  # 6 s more: 9 s promised
     assert admission.ahead_s() == pytest.approx(9.0)
     assert admission.ahead_s(first) == pytest.approx(3.0)
@@ -191,14 +199,33 @@ def test_tokenising_is_promised_with_the_batches_and_priced_in_a_413():
     b = Stub(100)
     admission.batchers.append(b)
     with pytest.raises(PayloadTooLarge) as err:
-        admission.admit(b, [100] * 8, 10.0, prepare_s=4.0)  # 8 s of batches + 4 s tokenising
+        admission.admit(b, [100] * 8, 10.0, tokenising=chars(4000))  # 8 s of batches + 4 s
     message = err.value.message
     assert "4.0 s of it tokenising" in message
     fit = int(message.split("send at most about ")[1].split()[0])
     assert fit == 6  # each input 1 s of batches and 0.5 s of tokenising: 6 fit in 10 s
-    place = admission.admit(b, [100] * 6, 10.0, prepare_s=3.0)
+    place = admission.admit(b, [100] * 6, 10.0, tokenising=chars(3000))
     assert admission.ahead_s() == pytest.approx(9.0)
     admission.release(place)
+
+
+def test_promised_tokenising_is_priced_at_the_rate_measured_since():
+    """A flood is admitted at the rate measured alone; as its tokenising is measured under
+    the load, what was promised before is priced at the new rate, for the requests after."""
+    admission = Admission(timeout_s=10.0)
+    b = Stub(100)
+    admission.batchers.append(b)
+    cost = PrepareCost()
+    cost.calibrated(1e-3)
+    places = [admission.admit(b, [100], 10.0, tokenising=(cost, 1000)) for _ in range(4)]
+    assert admission.ahead_s() == pytest.approx(8.0)  # 4 x (1 s of batches + 1 s tokenising)
+    admission.admit(b, [100], 10.0)  # 9 s: fits
+    cost.per_char_s = 2e-3  # measured since: tokenising takes twice as long
+    assert admission.ahead_s() == pytest.approx(13.0)
+    with pytest.raises(Overloaded):
+        admission.admit(b, [100], 10.0)
+    admission.clear(places[0])  # tokenised: nothing of it promised any more
+    assert admission.ahead_s() == pytest.approx(10.0)
 
 
 def test_models_on_one_device_share_one_admission():

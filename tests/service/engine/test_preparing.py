@@ -11,20 +11,21 @@ import pytest
 from service.engine.preparing import MIN_CHARS, TEXTS, TOKENS, PrepareCost, calibrate, sample_texts
 
 
-def test_only_requests_prepared_alone_and_large_enough_refine_the_rate():
-    cost = PrepareCost()
+def test_served_requests_refine_the_rate_and_the_cores_share_it():
+    cost = PrepareCost(parallel=2)
     assert cost.seconds(10_000) == 0.0 and cost.source == "not measured"
     cost.calibrated(1e-6)
-    assert cost.seconds(10_000) == pytest.approx(0.01) and cost.source == "calibrated"
-    cost.observe(10_000, 1.0, alone=False)  # shared the cores with another preparation
-    cost.observe(MIN_CHARS - 1, 1.0, alone=True)  # its time is the call's fixed cost
+    assert cost.seconds(10_000) == pytest.approx(0.005) and cost.source == "calibrated"
+    cost.observe(MIN_CHARS - 1, 1.0)  # its time is the call's fixed cost
     assert cost.per_char_s == pytest.approx(1e-6) and cost.measured == 0
     for _ in range(40):
-        cost.observe(10_000, 0.03, alone=True)  # 3 µs a character, served
+        cost.observe(10_000, 0.03)  # 3 µs of CPU a character, served
     assert cost.per_char_s == pytest.approx(3e-6, rel=0.01)
+    assert cost.seconds(10_000) == pytest.approx(0.015, rel=0.01)  # two cores tokenise at once
     assert cost.describe() == {
         "source": "measured",
-        "per_char_s": cost.per_char_s,
+        "per_char_cpu_s": cost.per_char_s,
+        "parallel": 2,
         "requests_measured": 40,
     }
 
@@ -64,7 +65,7 @@ def test_a_served_model_calibrates_its_tokenizer_and_shows_it(tiny_bundle):
     with client_for(tiny_bundle) as c:
         shown = c.get("/info").json()["tokenising"]["tiny-random"]
         assert shown["source"] == "calibrated"
-        assert 1e-9 < shown["per_char_s"] < 1e-4  # a fast tokenizer: ~0.2 µs a character
+        assert 1e-9 < shown["per_char_cpu_s"] < 1e-4  # a fast tokenizer: ~0.3 µs a character
         text = " ".join(["the cat sat on the mat"] * 20)
         assert c.post("/encode", json={"inputs": [text] * 32}).status_code == 200
         after = c.get("/info").json()["tokenising"]["tiny-random"]
@@ -73,5 +74,5 @@ def test_a_served_model_calibrates_its_tokenizer_and_shows_it(tiny_bundle):
 
 def test_nothing_is_learnt_where_the_operator_states_the_rate():
     cost = PrepareCost(learns=False)
-    cost.observe(10_000, 0.03, alone=True)
+    cost.observe(10_000, 0.03)
     assert cost.seconds(10_000) == 0.0 and cost.measured == 0

@@ -12,10 +12,14 @@ import pytest
 from service.engine.admission import Admission
 from service.engine.batch_policy import BatchPolicy
 from service.engine.batcher import DynamicBatcher
+from service.engine.cost import CostModel
+from service.engine.preparing import PrepareCost
+from service.errors import Overloaded
 from service.metrics import Metrics
 from service.pipelines.base import Intake, Prepared
 from service.pipelines.call import Call
 from service.tensors import Batch
+from tests.service.pipelines.test_call import burn
 
 
 class Gate:
@@ -114,12 +118,13 @@ def test_a_tokenised_request_is_admitted_again_behind_only_what_was_promised_bef
     """Its tokenising is priced when it is admitted (1 s for 10,000 characters here); once its
     sequences exist it is admitted again at its place: the 8 s promised after it (requests
     still tokenising) do not turn it away, though 8 s + its own 3 s exceed its deadline."""
-    from service.engine.cost import CostModel
-    from service.engine.preparing import PrepareCost
-
     gate = Gate()
     tokenising = PrepareCost()
     tokenising.calibrated(1e-4)
+
+    def tokenize(texts: list[str]) -> list[str]:
+        burn(0.01)
+        return texts
 
     async def main():
         policy = BatchPolicy(max_wait_s=0.0, max_padding_ratio=1.0)
@@ -131,12 +136,15 @@ def test_a_tokenised_request_is_admitted_again_behind_only_what_was_promised_bef
         go = asyncio.Event()
         promised: list[float] = []
 
+        call = Call.within(10)
+
         async def prepare() -> Prepared:
             promised.append(admission.ahead_s())  # its 1 s of batches and 1 s of tokenising
             await go.wait()
+            await call.tokenize(tokenize, ["x" * 1000] * 10)  # 10,000 characters in ~10 ms
             return Prepared([[5] * 300])  # 3 s of batches, not 1
 
-        task = asyncio.ensure_future(it.run(Call.within(10), prepare, at_least=[100], chars=10_000))
+        task = asyncio.ensure_future(it.run(call, prepare, at_least=[100], chars=10_000))
         await asyncio.sleep(0.01)
         later = admission.admit(batcher, [800], 10.0)  # admitted after it: 8 s
         go.set()
@@ -151,3 +159,36 @@ def test_a_tokenised_request_is_admitted_again_behind_only_what_was_promised_bef
     assert promised == [pytest.approx(2.0)]
     assert after == pytest.approx(8.0)  # its own promise released once queued, kept by the batcher
     assert tokenising.source == "measured" and tokenising.per_char_s < 1e-4  # it took ~10 ms
+
+
+def test_a_request_whose_turn_to_be_tokenised_comes_too_late_is_refused_untokenised():
+    """Admitted at the rate measured then; by its turn the rate measured under the load says
+    its tokenising and batches would end past its deadline: 429, its thread given to the next,
+    its promise withdrawn."""
+    tokenising = PrepareCost()
+    tokenising.calibrated(1e-4)  # 1 s for its 10,000 characters: admitted (2 s of 10)
+    called: list[int] = []
+
+    async def main():
+        policy = BatchPolicy(max_wait_s=0.0, max_padding_ratio=1.0)
+        batcher = DynamicBatcher(Gate(), policy, cost=CostModel(fixed_tokens_per_s=100))
+        admission = Admission(10.0)
+        admission.batchers.append(batcher)
+        batcher.start()
+        it = Intake(batcher, admission, Metrics(), "test", "m", prepare_cost=tokenising)
+        call = Call.within(10)
+
+        async def prepare() -> Prepared:
+            tokenising.per_char_s = 1e-3  # measured meanwhile: 10 s for its characters
+            await call.tokenize(lambda texts: called.append(len(texts)) or texts, ["x" * 1000] * 10)
+            return Prepared([[5] * 100])
+
+        try:
+            with pytest.raises(Overloaded, match="for its turn to be tokenised"):
+                await it.run(call, prepare, at_least=[100], chars=10_000)
+            return admission.ahead_s()
+        finally:
+            await batcher.stop()
+
+    assert asyncio.run(main()) == 0.0
+    assert called == []

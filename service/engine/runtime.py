@@ -25,6 +25,7 @@ from service.engine import openvino_session, quality
 from service.engine.choice import Choice, Unservable, choose
 from service.engine.cpu import auto_streams, cores, detect, threads_for
 from service.engine.openvino_session import OpenVinoSession
+from service.engine.pairs import PairTruncation
 from service.engine.sessions import CPU, CUDA, build_session, run_options
 from service.manifest import GraphKey, Manifest, RetrievalQuality
 from service.settings import Settings
@@ -77,6 +78,10 @@ class Backend(Protocol):
         self, texts: list[str], add_special_tokens: bool = True, direction: Side = "right"
     ) -> list[Encoding]: ...
     def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]: ...
+    def pair_ids(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int], bool]]:
+        """Each pair's ids, type ids and whether it was cut (as tokenize_pairs cuts it)."""
+        ...
+
     def count_tokens(self, text: str) -> int: ...
     def tokenize_whole(self, texts: list[str]) -> list[Encoding]: ...
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
@@ -154,6 +159,11 @@ class OnnxBackend:
         self._left = self._tokenizer("left")  # TEI's truncation_direction: Left
         self._untruncated = Tokenizer.from_file(str(bundle.tokenizer_path))
         self._untruncated.no_truncation()
+        self._pairs = (
+            PairTruncation(str(bundle.tokenizer_path), self.manifest.max_length, self.tokenizer)
+            if self.manifest.text_padding != "max_length"
+            else None
+        )
         providers = choose_providers(settings.device, ort.get_available_providers())
         try:
             choice = choose(settings, detect(), providers[0] == CUDA, openvino_session.available())
@@ -369,6 +379,13 @@ class OnnxBackend:
 
     def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]:
         return self.tokenizer.encode_batch(pairs)
+
+    def pair_ids(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int], bool]]:
+        """As tokenize_pairs, read (engine/pairs.py: cut without computing the overflow), or
+        read from tokenize_pairs where every text is padded to the model's length."""
+        if self._pairs is None:
+            return [(e.ids, e.type_ids, bool(e.overflowing)) for e in self.tokenize_pairs(pairs)]
+        return self._pairs(pairs)
 
     def tokenize_whole(self, texts: list[str]) -> list[Encoding]:
         """Without truncation, special tokens added: a document to cut into chunks."""

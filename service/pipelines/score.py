@@ -13,12 +13,10 @@ template's own; its one logit is z_yes - z_no, so sigmoid(logit) is its P(yes).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from tokenizers import Encoding
 
 from service.engine.batcher import DynamicBatcher
 from service.engine.runtime import Backend
@@ -145,9 +143,9 @@ class ScorePipeline:
         singles = [i for i, it in enumerate(items) if isinstance(it, str)]
         pairs = [i for i, it in enumerate(items) if not isinstance(it, str)]
         read: list[Read | None] = [None] * len(items)
-        for chosen, fn in ((singles, self.backend.tokenize), (pairs, self.backend.tokenize_pairs)):
+        for chosen, fn in ((singles, self._read), (pairs, self._read_pairs)):
             if chosen:
-                found, _ = await call.tokenize(self._read, [items[i] for i in chosen], fn)
+                found, _ = await call.tokenize(fn, [items[i] for i in chosen])
                 for i, r in zip(chosen, found, strict=True):
                     read[i] = r
         done = [r for r in read if r is not None]
@@ -161,16 +159,23 @@ class ScorePipeline:
         types = [r.types or [] for r in done] if self.types else None
         return Prepared([r.ids for r in done], types, truncated=len(cut))
 
-    def _read(
-        self, items: list[Any], tokenize: Callable[[list[Any]], list[Encoding]]
-    ) -> list[Read]:
-        """Each item's ids, types and whether it was cut: on the tokenising worker, which reads
-        the encodings and lets them go (on 128 pairs reading whether one was cut copies its
+    def _read(self, texts: list[str]) -> list[Read]:
+        """Each text's ids, types and whether it was cut: on the tokenising worker, which reads
+        the encodings and lets them go (on 128 texts reading whether one was cut copies its
         overflow, and freeing them costs a third of their making: ~2 ms that were the event
         loop's)."""
         types = self.types
         return [
-            Read(e.ids, e.type_ids if types else None, bool(e.overflowing)) for e in tokenize(items)
+            Read(e.ids, e.type_ids if types else None, bool(e.overflowing))
+            for e in self.backend.tokenize(texts)
+        ]
+
+    def _read_pairs(self, pairs: list[tuple[str, str]]) -> list[Read]:
+        """Each pair's, on the worker too (cut as the tokenizer cuts it, without its overflow:
+        engine/pairs.py)."""
+        types = self.types
+        return [
+            Read(ids, kinds if types else None, cut) for ids, kinds, cut in self.backend.pair_ids(pairs)
         ]
 
     def _at_least(self, items: Sequence[ScoreInput]) -> list[int]:

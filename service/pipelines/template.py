@@ -235,6 +235,9 @@ class TemplatedBackend:
     def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]:
         return self.template.encodings(pairs, own_words=self.own_words)
 
+    def pair_ids(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int], bool]]:
+        return [(e.ids, e.type_ids, bool(e.overflowing)) for e in self.tokenize_pairs(pairs)]
+
     def count_tokens(self, text: str) -> int:
         return self.backend.count_tokens(text)
 

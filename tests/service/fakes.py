@@ -91,6 +91,9 @@ class FakeBackend:
     def tokenize_pairs(self, pairs: list[tuple[str, str]]) -> list[Encoding]:
         return self.tokenizer.encode_batch(pairs)
 
+    def pair_ids(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int], bool]]:
+        return [(e.ids, e.type_ids, bool(e.overflowing)) for e in self.tokenize_pairs(pairs)]
+
     def tokenize_whole(self, texts: list[str]) -> list[Encoding]:
         self.tokenizer.no_truncation()
         return self.tokenizer.encode_batch(texts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -25,9 +25,10 @@ class Item:
     batch_size: int = 0  # its batch's texts and padded tokens (traces)
     batch_tokens: int = 0
 
-    @property
-    def length(self) -> int:
-        return len(self.ids)
+    length: int = field(init=False)  # len(ids), kept: read in every pass over the queue
+
+    def __post_init__(self) -> None:
+        self.length = len(self.ids)
 
     @property
     def queue_s(self) -> float:

@@ -41,7 +41,7 @@ from service.engine.memory import (
 from service.engine.preparing import PrepareCost, sample_texts
 from service.engine.preparing import calibrate as calibrate_tokenizer
 from service.engine.runtime import Backend, DeviceUnavailable
-from service.errors import ModelNotFound, Unavailable, WrongTask
+from service.errors import HeadwiseError, ModelNotFound, Unavailable, WrongTask
 from service.manifest import GraphKey, Manifest
 from service.metrics import Metrics
 from service.pipelines.attention.images import ImageAttention
@@ -81,6 +81,11 @@ Capability = Literal[
     "multi_vector",
     "images",
 ]
+# What the serving batchers compute, admitted by the models' one admission (tokenising runs no
+# model; /attention is admitted and paced apart, on its own budget).
+BATCHED: frozenset[Capability] = frozenset(
+    {"embed", "rerank", "classify", "explain", "encode", "sparse", "multi_vector", "images"}
+)
 WANTED: dict[Capability, str] = {
     "embed": "an embedding model",
     "rerank": "a reranker",
@@ -580,6 +585,11 @@ class Registry:
 
     def __iter__(self) -> Iterator[Model]:
         return iter(self.models.values())
+
+    def saturated(self) -> HeadwiseError | None:
+        """The refusal a new request for the serving batchers would get whatever it holds (the
+        models share one admission: engine/admission.py), or None."""
+        return self.first.admission.saturated() if self.models else None
 
     @property
     def first(self) -> Model:

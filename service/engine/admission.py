@@ -109,6 +109,21 @@ class Admission:
         """Seconds of work promised (up to `place`), queued and running on the batchers."""
         return self.promised_until(place) + sum(b.backlog_s() for b in self.batchers)
 
+    def saturated(self) -> Overloaded | None:
+        """The refusal every new request would get (the work ahead already fills the share of a
+        deadline admission plans to fill), or None: a server in a flood answers it before
+        reading a body, instead of reading and parsing each only to refuse it."""
+        ahead = self.ahead_s()
+        over = ahead - self.timeout_s * self.headroom
+        if over < 0:
+            return None
+        return Overloaded(
+            f"the work queued and running ahead needs about {ahead:.1f} s, past "
+            f"{100 * self.headroom:.0f} % of the request deadline of {self.timeout_s:g} s: "
+            "nothing more is admitted until some of it has run; retry later",
+            retry_after=max(1.0, over),
+        )
+
     def release(self, place: int) -> None:
         """A promise kept (the work was queued) or withdrawn (the request ended first)."""
         self.promised_s -= self._promises.pop(place, 0.0)

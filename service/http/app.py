@@ -154,5 +154,6 @@ def create_app(
         body_timeout_s=settings.body_timeout_s,
         access_log=settings.access_log,
         tracing=st.tracing,
+        saturated=lambda: st.registry.saturated() if hasattr(st, "registry") else None,
     )
     return app

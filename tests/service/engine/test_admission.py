@@ -120,7 +120,9 @@ def test_the_queued_work_admission_reads_follows_the_queue_and_the_measured_cost
         running = b.backlog_s()
         a = b.submit(seqs(40, 40), soon(5))
         both = b.backlog_s()
-        assert b.backlog_s() == pytest.approx(both, abs=0.005)  # asked again (the running batch ages)
+        assert b.backlog_s() == pytest.approx(
+            both, abs=0.005
+        )  # asked again (the running batch ages)
         a[0].future.cancel()
         for _ in range(2):  # the done-callback, then the prune it schedules
             await asyncio.sleep(0)
@@ -176,7 +178,9 @@ def test_a_request_admitted_again_at_its_place_is_behind_only_what_was_promised_
     admission = Admission(timeout_s=10.0)
     b = Stub(100)
     admission.batchers.append(b)
-    first = admission.admit(b, [200], 10.0, tokenising=chars(1000))  # 2 s of batches, 1 s tokenising
+    first = admission.admit(
+        b, [200], 10.0, tokenising=chars(1000)
+    )  # 2 s of batches, 1 s tokenising
     later = [admission.admit(b, [200], 10.0) for _ in range(3)]  # 6 s more: 9 s promised
     assert admission.ahead_s() == pytest.approx(9.0)
     assert admission.ahead_s(first) == pytest.approx(3.0)
@@ -233,9 +237,10 @@ def test_models_on_one_device_share_one_admission():
     with client_for(["a", "b"], loader=fake_loader(*backends)) as c:
         models = c.app.state.registry.models
         assert models["a"].admission is models["b"].admission
-        assert len(models["a"].admission.batchers) == len(models["a"].batchers) + len(
-            models["b"].batchers
-        ) - 2  # each model's serving batchers; /attention's are apart
+        assert (
+            len(models["a"].admission.batchers)
+            == len(models["a"].batchers) + len(models["b"].batchers) - 2
+        )  # each model's serving batchers; /attention's are apart
 
 
 def test_headroom_keeps_a_share_of_the_deadline_free():
@@ -254,3 +259,42 @@ def test_headroom_keeps_a_share_of_the_deadline_free():
     admission.release(place)
     b.backlog = 7.0
     admission.admit(b, [100], 10.0)  # 7 s queued + 1 s = 8 s: fits exactly
+
+
+def test_a_saturated_admission_names_the_refusal_every_request_would_get():
+    admission = Admission(timeout_s=10.0, headroom=0.8)
+    b = Stub(100)
+    admission.batchers.append(b)
+    assert admission.saturated() is None
+    b.backlog = 7.9  # room for 0.1 s more
+    assert admission.saturated() is None
+    b.backlog = 9.5
+    refusal = admission.saturated()
+    assert isinstance(refusal, Overloaded) and refusal.retry_after == pytest.approx(1.5)
+    assert "past 80 % of the request deadline of 10 s" in refusal.message
+
+
+def test_a_saturated_server_refuses_model_work_before_reading_the_body():
+    """With the work ahead already filling what admission plans to fill, a request for the
+    batchers is answered 429 with Retry-After before its body is read (a malformed one too:
+    it is never parsed); tokenising, which runs no model, and liveness are answered; once the
+    work has run, requests are served again."""
+    backend = FakeBackend(fake_manifest("fake"))
+    with client_for(
+        Path("fake"), fake_loader(backend), capacity_tokens_per_s=50, request_timeout_s=1.0
+    ) as c:
+        registry = c.app.state.registry
+        admission = registry.models["fake"].admission
+        busy = Stub(100, backlog_s=0.9)  # a batcher with more work ahead than 80 % of 1 s
+        admission.batchers.append(busy)
+        bad = c.post("/encode", content=b"{not json", headers={"content-type": "application/json"})
+        assert bad.status_code == 429 and float(bad.headers["retry-after"]) >= 1
+        assert "nothing more is admitted" in bad.json()["error"]["message"]
+        assert c.post("/v1/embeddings", json={"input": "the cat"}).status_code == 429
+        assert c.post("/tokenize", json={"inputs": "the cat"}).status_code == 200
+        assert c.get("/health").status_code == 200
+        busy.backlog = 0.0  # run
+        assert c.post("/encode", json={"inputs": "the cat"}).status_code == 200
+        assert c.post(
+            "/encode", content=b"{not json", headers={"content-type": "application/json"}
+        ).status_code in (400, 422)

@@ -26,6 +26,7 @@ rate is the whole request's.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ TOKENS = 96
 REPEATS = 3
 
 
+@functools.cache
 def workers() -> int:
     """The threads that tokenise (the loop's executor): one a core the process may use, two at
     least (one long call does not hold up every other request's)."""

@@ -75,3 +75,20 @@ def test_a_piece_whose_turn_comes_too_late_is_refused_untokenised():
     with pytest.raises(Overloaded, match="too late"):
         asyncio.run(main())
     assert tok.threads == []
+
+
+def test_a_request_of_a_few_pieces_is_cut_into_as_many_as_there_are_workers():
+    """10 KB of text, one piece by size, is tokenised in one piece a worker (each tokenizer call
+    runs on one thread: one piece would leave the other cores idle)."""
+    from service.engine.preparing import workers
+
+    tok = Tokenizer()
+    texts = [f"{i} " + "x" * 1000 for i in range(10)]
+
+    async def main():
+        call = Call.within(10)
+        out, _ = await call.tokenize(tok, texts)
+        return out
+
+    assert asyncio.run(main()) == [t.upper() for t in texts]
+    assert len(tok.threads) == workers() >= 2

@@ -5,8 +5,10 @@ A pipeline says how its inputs become token sequences (`prepare`, which may refu
 long, too many); the intake does the rest in the same order for every route, so no pipeline can
 forget a step. Admission happens twice: on a lower bound before tokenising (so a request that
 cannot fit is refused in microseconds) and on the exact counts after it, always before anything
-is queued. The first also prices the tokenising itself (service/engine/preparing.py: measured
-seconds a character), which the preparation's time, when it ran alone, refines. `hold` wraps the queueing and what follows it (the /attention budget and pacer).
+is queued. The first also prices the tokenising itself (service/engine/preparing.py: CPU
+seconds a character, measured on every request), and a request whose turn to be tokenised comes
+too late is refused before it is. `hold` wraps the queueing and what follows it (the /attention
+budget and pacer).
 
 A request may ask for its sequences to be queued in pieces (`Prepared.pieces`: an explanation's
 hundreds of variants of one text), one after another: each piece is admitted, held and queued

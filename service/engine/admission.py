@@ -13,6 +13,11 @@ texts: service/engine/preparing.py), which takes the same cores: admitted before
 request promises both; the preparation's share is released when its sequences exist, the
 batches' once they are queued (the batchers count them then).
 
+The predictions are of work run alone. Under load the runs overlap (several streams, several
+models, tokenising beside them) and work them off slower: the seconds admission sums are divided
+by the device's pace, measured from the runs served (engine/cost.py, `Device`); what is promised
+stays as predicted. A stated rate (HEADWISE_CAPACITY_TOKENS_PER_S) is taken as it is.
+
 Promises keep their order (a request's place in line). A request admitted before tokenising is
 admitted again on its exact sequences, behind only what was promised before its place: work
 admitted after it was admitted behind it, and must not turn it away once it has been tokenised
@@ -113,7 +118,7 @@ class Admission:
         """The refusal every new request would get (the work ahead already fills the share of a
         deadline admission plans to fill), or None: a server in a flood answers it before
         reading a body, instead of reading and parsing each only to refuse it."""
-        ahead = self.ahead_s()
+        ahead = self.ahead_s() / self.device.pace
         over = ahead - self.timeout_s * self.headroom
         if over < 0:
             return None
@@ -184,12 +189,18 @@ class Admission:
         prepare_s: float,
         place: int,
     ) -> float:
-        """The seconds these texts need, or the refusal."""
-        own = batcher.predict(lengths) + prepare_s
+        """The seconds these texts need as predicted (what is promised), or the refusal. The
+        predictions are of work run alone; the wall time it takes is theirs over the device's
+        measured pace (engine/cost.py, Device: under load, runs overlap and work slower)."""
+        promised = batcher.predict(lengths) + prepare_s
+        pace = 1.0 if batcher.cost.fixed_tokens_per_s is not None else self.device.pace
+        own = promised / pace
         source = batcher.cost.source
+        if pace < 0.995:
+            source = f"{source}, worked off at {pace:.2f}x under load"
         budget_s = self.timeout_s * self.headroom
         if own > budget_s:
-            fit = fitting(batcher, lengths, budget_s, prepare_s / max(1, len(lengths)))
+            fit = fitting(batcher, lengths, budget_s * pace, prepare_s / max(1, len(lengths)))
             batcher.rejected("over_capacity")
             raise PayloadTooLarge(
                 f"{len(lengths)} {unit} of {sum(lengths)} tokens need about {own:.1f} s on this "
@@ -204,7 +215,7 @@ class Admission:
             self.ahead_s(place)
             if batcher in self.batchers
             else batcher.backlog_s() + self.promised_until(place)
-        )
+        ) / pace
         span_s = self.timeout_s if deadline_s is None else min(self.timeout_s, deadline_s)
         usable_s = remaining_s - span_s * (1 - self.headroom)  # the headroom kept free
         if ahead + own > usable_s:
@@ -216,4 +227,4 @@ class Admission:
                 "retry later or send fewer inputs",
                 retry_after=max(1.0, ahead + own - usable_s),
             )
-        return own
+        return promised

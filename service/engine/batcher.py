@@ -485,7 +485,7 @@ class DynamicBatcher:
         now = time.monotonic()
         if all(it.future.done() or now > it.deadline for it in batch):
             raise Expired
-        ticket = self.device.enter()
+        ticket = self.device.enter(run.predicted if self._paces else None)
         run.started = time.monotonic()
         try:
             run.out = infer(run.padded)
@@ -494,6 +494,13 @@ class DynamicBatcher:
             run.alone = self.device.leave(ticket)
         if len(run.out) != len(batch):
             raise RuntimeError(f"backend returned {len(run.out)} rows for {len(batch)} texts")
+
+    @property
+    def _paces(self) -> bool:
+        """Its runs measure the device's pace: their predictions are the machine's (measured,
+        not a stated rate, not a fake backend's)."""
+        cost = self.cost
+        return cost.learns and cost.fixed_tokens_per_s is None and cost.current is not None
 
     def _expired(self, batch: list[Item]) -> None:
         """A staged batch nobody waits for any more: answered as the queue's expired texts."""

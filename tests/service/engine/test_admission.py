@@ -35,6 +35,61 @@ class Stub:
         self.reasons.append(reason)
 
 
+class Measured(Stub):
+    """A batcher whose cost was measured (1 ms a token): the device's pace applies to it."""
+
+    def __init__(self, backlog_s: float = 0.0) -> None:
+        super().__init__(1000, backlog_s)
+        self.cost = CostModel()
+        self.cost.calibrate([Sample(r, n, 1e-3 * r * n) for r in (1, 4) for n in (100, 400)])
+
+
+def slowed(device, monkeypatch, rate: float) -> None:
+    """The device measured working off `rate` predicted seconds a second of computing."""
+    now = [0.0]
+    monkeypatch.setattr("service.engine.cost.time.monotonic", lambda: now[0])
+    for _ in range(200):
+        t = device.enter(rate * 0.5)
+        now[0] += 0.5
+        device.leave(t)
+    assert device.pace == pytest.approx(rate, abs=0.01)
+
+
+def test_the_work_ahead_and_its_own_take_their_predictions_over_the_measured_pace(monkeypatch):
+    """Under load the runs overlap and work off their predictions slower than alone (the
+    device's pace, engine/cost.py): admission divides the seconds it sums by it."""
+    admission = Admission(timeout_s=10.0, headroom=1.0)
+    b = Measured(backlog_s=4.5)
+    admission.batchers.append(b)
+    assert b.predict([1000]) == pytest.approx(1.0, rel=1e-3)
+    admission.release(admission.admit(b, [1000], 10.0))  # 4.5 + 1 s: fits at the predictions
+    slowed(admission.device, monkeypatch, 0.5)
+    with pytest.raises(Overloaded) as err:
+        admission.admit(b, [1000], 10.0)  # (4.5 + 1) / 0.5 = 11 s
+    assert "9.0 s" in err.value.message and "0.50x under load" in err.value.message
+    b.backlog = 0.0
+    place = admission.admit(b, [1000], 10.0)
+    assert admission.promised_at(place) == pytest.approx(1.0, rel=1e-3)  # promised as predicted
+    admission.release(place)
+    with pytest.raises(PayloadTooLarge) as err:  # 6 s alone, 12 s at the pace: past 10
+        admission.admit(b, [1000] * 6, 10.0)
+    fit = int(err.value.message.split("send at most about ")[1].split()[0])
+    assert fit == 5
+    admission.release(admission.admit(b, [1000] * fit, 10.0))  # what it names does fit
+    assert admission.saturated() is None
+    b.backlog = 5.5  # 11 s at the pace: nothing more is admitted
+    assert admission.saturated() is not None
+
+
+def test_a_stated_rate_is_not_divided_by_the_pace(monkeypatch):
+    """HEADWISE_CAPACITY_TOKENS_PER_S states what the machine does: taken as it is."""
+    admission = Admission(timeout_s=10.0, headroom=1.0)
+    b = Stub(1000, backlog_s=4.5)
+    admission.batchers.append(b)
+    slowed(admission.device, monkeypatch, 0.5)
+    admission.release(admission.admit(b, [1000], 10.0))
+
+
 def chars(n: int) -> tuple[PrepareCost, int]:
     """n characters to tokenise at 1 ms each."""
     cost = PrepareCost()

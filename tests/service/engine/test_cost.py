@@ -121,6 +121,60 @@ def test_a_run_is_its_own_only_when_nothing_else_ran_at_any_moment_of_it():
     assert device.leave(device.enter())
 
 
+class Busy:
+    """The device's clock, moved by the test."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 100.0
+        monkeypatch.setattr("service.engine.cost.time.monotonic", lambda: self.now)
+
+    def runs(self, device: Device, predicted: list[float | None], seconds: float) -> None:
+        """These runs computed together for `seconds`, then a second of idleness."""
+        tickets = [device.enter(p) for p in predicted]
+        self.now += seconds
+        for t in tickets:
+            device.leave(t)
+        self.now += 1.0
+
+
+def test_the_pace_is_predicted_seconds_finished_over_the_seconds_some_run_computed(monkeypatch):
+    """Two streams, each run predicted 0.1 s (alone) taking 0.25 s beside the other: 0.2
+    predicted seconds a 0.25 s of computing, 0.8; idle seconds between count for nothing."""
+    clock, device = Busy(monkeypatch), Device()
+    assert device.pace == 1.0  # nothing measured: as predicted
+    for _ in range(80):
+        clock.runs(device, [0.1, 0.1], 0.25)
+    assert device.pace == pytest.approx(0.8, abs=0.01)
+    # A run with no prediction (a stated rate's, a fake backend's) is not measured.
+    clock.runs(device, [None], 5.0)
+    assert device.pace == pytest.approx(0.8, abs=0.01)
+    # The recent seconds weigh: a slower stretch moves it down within seconds of computing.
+    for _ in range(40):
+        clock.runs(device, [0.25], 0.5)
+    assert device.pace == pytest.approx(0.5, abs=0.03)
+    # Faster than predicted: admission never counts on more than the predictions.
+    for _ in range(100):
+        clock.runs(device, [0.5], 0.1)
+    assert device.pace == 1.0
+    assert device.describe()["pace"] == 1.0
+
+
+def test_overlapping_runs_count_their_union_of_seconds_not_their_sum(monkeypatch):
+    clock, device = Busy(monkeypatch), Device()
+    a = device.enter(0.5)
+    clock.now += 0.5
+    b = device.enter(0.5)  # b starts halfway through a
+    clock.now += 0.5
+    device.leave(a)
+    clock.now += 0.5
+    device.leave(b)
+    figures = device.describe()  # with the prior's 0.5 s at 1, all decayed a little
+    assert figures["busy_s"] == pytest.approx(0.5 + 1.5, abs=0.25)  # not 0.5 + 2
+    assert figures["done_s"] == pytest.approx(0.5 + 1.0, abs=0.2)
+    assert device.pace == pytest.approx(figures["done_s"] / figures["busy_s"], abs=0.002)
+    assert device.pace == pytest.approx(0.75, abs=0.03)
+
+
 class Clock:
     """A calibration's clock: each run advances it by the true cost of its batch."""
 
@@ -225,9 +279,12 @@ def test_a_fresh_server_is_ready_only_once_measured_and_shows_its_costs(tiny_bun
         assert encode["longest_measured"] == 48  # the model's maximum: cheap enough to run
         assert capacity["attention-tiny-random"]["calibration"]  # its own graph, timed apart
         counted = 'headwise_batch_time_over_predicted_count{model="tiny-random",path="encode"}'
-        before = c.get("/metrics").text
+        before, device = c.get("/metrics").text, c.get("/info").json()["device"]
         assert c.post("/encode", json={"inputs": ["the cat sat"] * 8}).status_code == 200
-        metrics = c.get("/metrics").text
+        metrics, after = c.get("/metrics").text, c.get("/info").json()["device"]
+    # The batches served measure how fast the device works off their predictions.
+    assert after["busy_s"] > device["busy_s"] and after["done_s"] > device["done_s"]
+    assert 0 < after["pace"] <= 1
     for term in ("batch", "token", "token_length"):
         assert f'headwise_capacity_cost_seconds{{model="tiny-random",path="encode",term="{term}"}}' in metrics
     # Each batch's time against its prediction (the rehearsal's before ready among them).

@@ -50,6 +50,10 @@ from service.tensors import Batch
 
 log = logging.getLogger(__name__)
 
+# Warm-up's pace probe runs full batches of this many tokens a sequence (or the longest the
+# session measured, when shorter): a flood's documents are a few sentences.
+PROBE_LENGTH = 128
+
 Infer = Callable[[Batch], Sequence[Any] | np.ndarray]  # one output row per sequence
 
 
@@ -247,6 +251,36 @@ class DynamicBatcher:
             # On the loop itself, as its batches run there (alone): nothing is served yet.
             spin_up(self._infer_alone, shape, token_id, seconds=THREAD_SPIN_UP_S)
             self._spun.add(threading.get_ident())
+
+    async def probe(self, token_id: int, seconds: float, gate: threading.Barrier) -> None:
+        """Its streams compute full batches at once for about `seconds`, each run through the
+        device as a served batch's (its pace: engine/cost.py, Device), at the longest length
+        of 128 tokens or less that calibration measured. `gate`: shared by every batcher probed
+        together, so that all their streams start at once (the registry's warm-up probes every
+        serving session of the device together: what a mixed flood runs)."""
+        if not self._paces:
+            return
+        n = max(1, min(PROBE_LENGTH, self.cost.longest_measured or PROBE_LENGTH))
+        rows = max(1, min(self.policy.max_batch_size, self.policy.max_batch_tokens // n))
+        ids = np.full((rows, n), token_id, dtype=np.int64)
+        batch = Batch(ids, np.ones_like(ids))
+        predicted = self.cost.seconds(rows, n)
+        loop = asyncio.get_running_loop()
+
+        def one() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                gate.wait(timeout=10)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                ticket = self.device.enter(predicted)
+                try:
+                    self._infer(batch)
+                finally:
+                    self.device.leave(ticket)
+
+        await asyncio.gather(
+            *(loop.run_in_executor(self._executor, one) for _ in range(self.concurrency))
+        )
 
     def rejected(self, reason: str) -> None:
         if self._observer:

@@ -339,6 +339,11 @@ class Device:
                 return False
             return True
 
+    def forget(self) -> None:
+        """What was measured so far (and the prior) dropped: warm-up's probe replaces it."""
+        with self._lock:
+            self._busy_s = self._done_s = 0.0
+
     @property
     def pace(self) -> float:
         """Predicted seconds worked off a second of computing, recently (1 until measured; at

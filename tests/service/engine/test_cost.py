@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from service.engine.batch_policy import BatchPolicy
+from service.engine.batcher import DynamicBatcher
 from service.engine.calibrate import measure, shapes
 from service.engine.cost import MIN_REFIT_GAP_S, REFIT, CostModel, Device, Fit, Sample, fit
 from tests.service.engine.test_batcher import Recorder, held, run, seqs, soon, started
@@ -175,6 +179,30 @@ def test_overlapping_runs_count_their_union_of_seconds_not_their_sum(monkeypatch
     assert device.pace == pytest.approx(0.75, abs=0.03)
 
 
+def test_warm_ups_probe_measures_the_pace_of_every_stream_computing_at_once():
+    """Two streams whose runs each take 4x their predicted 10 ms side by side (sleeping: the
+    cores are not the point) work off 0.5 predicted seconds a second; the prior is dropped."""
+
+    def slow(batch):
+        time.sleep(0.04)
+        return batch.input_ids.sum(1)
+
+    async def main():
+        cost = CostModel()
+        cost.calibrate([Sample(r, n, 0.01) for r in (1, 8) for n in (16, 64)])  # 10 ms a batch
+        b = DynamicBatcher(slow, BatchPolicy(), cost=cost, concurrency=2)
+        b.device.forget()
+        await b.probe(1, 0.4, threading.Barrier(2))
+        stated = DynamicBatcher(slow, BatchPolicy(), cost=CostModel(fixed_tokens_per_s=1e6))
+        await stated.probe(1, 0.4, threading.Barrier(1))  # a stated rate: nothing to probe
+        return b.device, stated.device
+
+    device, stated = run(main())
+    assert device.pace == pytest.approx(0.5, abs=0.1)
+    assert device.describe()["busy_s"] == pytest.approx(0.4, abs=0.1)  # the union, not 0.8
+    assert stated.describe()["busy_s"] == 0.5 and stated.pace == 1.0  # the prior, untouched
+
+
 class Clock:
     """A calibration's clock: each run advances it by the true cost of its batch."""
 
@@ -269,10 +297,14 @@ def test_a_batch_that_ran_alone_refines_its_cost_and_one_beside_another_does_not
     assert a_after == 1 and b_after == 0  # the two that overlapped taught nothing
 
 
-def test_a_fresh_server_is_ready_only_once_measured_and_shows_its_costs(tiny_bundle):
+def test_a_fresh_server_is_ready_only_once_measured_and_shows_its_costs(tiny_bundle, caplog):
     from tests.service.conftest import client_for
 
-    with client_for(tiny_bundle) as c:
+    with caplog.at_level("INFO", logger="service.registry"), client_for(tiny_bundle) as c:
+        probed = [r.getMessage() for r in caplog.records if "pace under load" in r.getMessage()]
+        assert len(probed) == 1  # warm-up's probe measured it before ready
+        pace = float(probed[0].split(": ")[1].split()[0])
+        assert c.get("/info").json()["device"]["pace"] == pytest.approx(pace, abs=0.006)
         capacity = c.get("/info").json()["capacity"]["tiny-random"]
         encode = capacity["encode-tiny-random"]
         assert encode["source"] == "measured" and encode["calibration"]

@@ -760,6 +760,7 @@ class Registry:
             for model in self
             if model.backend.measurable and (pipeline := model.embed or model.score) is not None
         ]
+        serving = [b for b in serving if b.paces]  # all probe together: none may wait alone
         if not serving:
             return
         for device in {id(b.device): b.device for b in serving}.values():

@@ -204,7 +204,7 @@ class InfoResponse(Info):
     capacity: dict[str, dict[str, SessionCost]] = Field(
         description="per model, per batcher: what admission prices a batch at"
     )
-    device: dict[str, float] = Field(
+    pace: dict[str, float] = Field(
         description="how fast the models' cores work off the batches' predicted seconds while "
         "computing (pace, at most 1: admission divides the work ahead by it), from the recent "
         "busy seconds (busy_s) and the predicted seconds finished in them (done_s)"
@@ -268,7 +268,7 @@ async def info(ctx: Context, body: None = None) -> Response:
         # prices it with the batches (service/engine/preparing.py).
         "tokenising": {m.name: m.prepare_cost.describe() for m in registry},
         # The models share one device: its pace under load (engine/cost.py, Device).
-        "device": registry.first.admission.device.describe(),
+        "pace": registry.first.admission.device.describe(),
         "version": __version__,
     }
     return ctx.respond(payload)

@@ -255,13 +255,15 @@ class DynamicBatcher:
     async def probe(self, token_id: int, seconds: float, gate: threading.Barrier) -> None:
         """Its streams compute full batches at once for about `seconds`, each run through the
         device as a served batch's (its pace: engine/cost.py, Device), at the longest length
-        of 128 tokens or less that calibration measured. `gate`: shared by every batcher probed
+        of 128 tokens or less that calibration measured, as many rows as the policy packs
+        (fewer where a run would take more than half of `seconds`). `gate`: shared by every batcher probed
         together, so that all their streams start at once (the registry's warm-up probes every
         serving session of the device together: what a mixed flood runs)."""
-        if not self._paces:
+        if not self.paces:
             return
         n = max(1, min(PROBE_LENGTH, self.cost.longest_measured or PROBE_LENGTH))
-        rows = max(1, min(self.policy.max_batch_size, self.policy.max_batch_tokens // n))
+        full = max(1, min(self.policy.max_batch_size, self.policy.max_batch_tokens // n))
+        rows = max(1, self.cost.rows_within(n, seconds / 2, full))  # a large model's: fewer
         ids = np.full((rows, n), token_id, dtype=np.int64)
         batch = Batch(ids, np.ones_like(ids))
         predicted = self.cost.seconds(rows, n)
@@ -519,7 +521,7 @@ class DynamicBatcher:
         now = time.monotonic()
         if all(it.future.done() or now > it.deadline for it in batch):
             raise Expired
-        ticket = self.device.enter(run.predicted if self._paces else None)
+        ticket = self.device.enter(run.predicted if self.paces else None)
         run.started = time.monotonic()
         try:
             run.out = infer(run.padded)
@@ -530,7 +532,7 @@ class DynamicBatcher:
             raise RuntimeError(f"backend returned {len(run.out)} rows for {len(batch)} texts")
 
     @property
-    def _paces(self) -> bool:
+    def paces(self) -> bool:
         """Its runs measure the device's pace: their predictions are the machine's (measured,
         not a stated rate, not a fake backend's)."""
         cost = self.cost

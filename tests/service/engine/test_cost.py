@@ -304,16 +304,16 @@ def test_a_fresh_server_is_ready_only_once_measured_and_shows_its_costs(tiny_bun
         probed = [r.getMessage() for r in caplog.records if "pace under load" in r.getMessage()]
         assert len(probed) == 1  # warm-up's probe measured it before ready
         pace = float(probed[0].split(": ")[1].split()[0])
-        assert c.get("/info").json()["device"]["pace"] == pytest.approx(pace, abs=0.006)
+        assert c.get("/info").json()["pace"]["pace"] == pytest.approx(pace, abs=0.006)
         capacity = c.get("/info").json()["capacity"]["tiny-random"]
         encode = capacity["encode-tiny-random"]
         assert encode["source"] == "measured" and encode["calibration"]
         assert encode["longest_measured"] == 48  # the model's maximum: cheap enough to run
         assert capacity["attention-tiny-random"]["calibration"]  # its own graph, timed apart
         counted = 'headwise_batch_time_over_predicted_count{model="tiny-random",path="encode"}'
-        before, device = c.get("/metrics").text, c.get("/info").json()["device"]
+        before, device = c.get("/metrics").text, c.get("/info").json()["pace"]
         assert c.post("/encode", json={"inputs": ["the cat sat"] * 8}).status_code == 200
-        metrics, after = c.get("/metrics").text, c.get("/info").json()["device"]
+        metrics, after = c.get("/metrics").text, c.get("/info").json()["pace"]
     # The batches served measure how fast the device works off their predictions.
     assert after["busy_s"] > device["busy_s"] and after["done_s"] > device["done_s"]
     assert 0 < after["pace"] <= 1

@@ -191,10 +191,13 @@ class Admission:
     ) -> float:
         """The seconds these texts need as predicted (what is promised), or the refusal. The
         predictions are of work run alone; the wall time it takes is theirs over the device's
-        measured pace (engine/cost.py, Device: under load, runs overlap and work slower)."""
+        measured pace (engine/cost.py, Device: under load, runs overlap and work slower), except
+        one sequence's with nothing ahead of it: one batch, run alone, as calibration timed it
+        (a long document on an idle server is not refused for what a flood measured)."""
         promised = batcher.predict(lengths) + prepare_s
         pace = 1.0 if batcher.cost.fixed_tokens_per_s is not None else self.device.pace
-        own = promised / pace
+        single = len(lengths) == 1
+        own = promised if single else promised / pace  # at best: alone
         source = batcher.cost.source
         if pace < 0.995:
             source = f"{source}, worked off at {pace:.2f}x under load"
@@ -216,6 +219,8 @@ class Admission:
             if batcher in self.batchers
             else batcher.backlog_s() + self.promised_until(place)
         ) / pace
+        if ahead > 0:  # beside other work: its own runs overlap theirs
+            own = promised / pace
         span_s = self.timeout_s if deadline_s is None else min(self.timeout_s, deadline_s)
         usable_s = remaining_s - span_s * (1 - self.headroom)  # the headroom kept free
         if ahead + own > usable_s:

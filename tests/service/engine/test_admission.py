@@ -76,6 +76,12 @@ def test_the_work_ahead_and_its_own_take_their_predictions_over_the_measured_pac
     fit = int(err.value.message.split("send at most about ")[1].split()[0])
     assert fit == 5
     admission.release(admission.admit(b, [1000] * fit, 10.0))  # what it names does fit
+    # One sequence with nothing ahead runs alone, as calibrated: 9 s, not 18.
+    admission.release(admission.admit(b, [9000], 10.0))
+    b.backlog = 0.5  # beside other work it overlaps it: (0.5 + 9) / 0.5
+    with pytest.raises(Overloaded):
+        admission.admit(b, [9000], 10.0)
+    b.backlog = 0.0
     assert admission.saturated() is None
     b.backlog = 5.5  # 11 s at the pace: nothing more is admitted
     assert admission.saturated() is not None

@@ -256,9 +256,10 @@ class DynamicBatcher:
         """Its streams compute full batches at once for about `seconds`, each run through the
         device as a served batch's (its pace: engine/cost.py, Device), at the longest length
         of 128 tokens or less that calibration measured, as many rows as the policy packs
-        (fewer where a run would take more than half of `seconds`). `gate`: shared by every batcher probed
-        together, so that all their streams start at once (the registry's warm-up probes every
-        serving session of the device together: what a mixed flood runs)."""
+        (fewer where a run would take more than half of `seconds`). `gate`: shared by every
+        batcher probed together, so that all their streams start at once (the registry's
+        warm-up probes every serving session of the device together: what a mixed flood
+        runs)."""
         if not self.paces:
             return
         n = max(1, min(PROBE_LENGTH, self.cost.longest_measured or PROBE_LENGTH))

@@ -201,6 +201,14 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.pace = Gauge(
+            "headwise_device_pace",
+            "Predicted seconds of batches the device works off a second of computing, recently "
+            "(1: as predicted alone; admission divides the work ahead by it; the slowest worker's)",
+            multiprocess_mode="livemin",
+            registry=r,
+        )
+        self.pace.set(1.0)
         self.prediction = Histogram(
             "headwise_batch_time_over_predicted",
             "A batch's time over the time admission predicted for it (1: exact)",
@@ -231,6 +239,7 @@ class BatchMetrics:
         self._capacity = m.capacity.labels(*labels)
         self._cost = [m.capacity_cost.labels(*labels, term) for term in COST_TERMS]
         self._prediction = m.prediction.labels(*labels)
+        self._pace = m.pace
         self._rejected = m.rejected
         self._labels = labels
         self._real = 0
@@ -262,8 +271,9 @@ class BatchMetrics:
         if seconds > 0:
             self._capacity.set(rows * n / seconds)
 
-    def predicted(self, predicted_s: float, actual_s: float) -> None:
+    def predicted(self, predicted_s: float, actual_s: float, pace: float) -> None:
         self._prediction.observe(actual_s / predicted_s)
+        self._pace.set(pace)
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(*self._labels, reason).inc()

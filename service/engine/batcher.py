@@ -87,7 +87,8 @@ class BatchObserver(Protocol):
     def queue_depth(self, texts: int) -> None: ...
     def rejected(self, reason: str) -> None: ...
     def capacity(self, cost: CostModel, policy: BatchPolicy) -> None: ...
-    def predicted(self, predicted_s: float, actual_s: float) -> None: ...
+    # A batch's time against its prediction, and the device's pace after it.
+    def predicted(self, predicted_s: float, actual_s: float, pace: float) -> None: ...
 
 
 def lower_priority(nice: int) -> None:
@@ -613,7 +614,7 @@ class DynamicBatcher:
             real = sum(it.length for it in batch)
             self._observer.batch(len(batch), padded.input_ids.size, real, seconds)
             if run.predicted > 0:
-                self._observer.predicted(run.predicted, seconds)
+                self._observer.predicted(run.predicted, seconds, self.device.pace)
 
     def _refit(self) -> None:
         self.cost.refit()

@@ -61,7 +61,7 @@ class Depths:
     def capacity(self, cost, policy) -> None:
         pass
 
-    def predicted(self, predicted_s: float, actual_s: float) -> None:
+    def predicted(self, predicted_s: float, actual_s: float, pace: float) -> None:
         pass
 
     @property

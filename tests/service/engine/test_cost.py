@@ -317,6 +317,7 @@ def test_a_fresh_server_is_ready_only_once_measured_and_shows_its_costs(tiny_bun
     # The batches served measure how fast the device works off their predictions.
     assert after["busy_s"] > device["busy_s"] and after["done_s"] > device["done_s"]
     assert 0 < after["pace"] <= 1
+    assert sample(metrics, "headwise_device_pace") == pytest.approx(after["pace"], abs=1e-3)
     for term in ("batch", "token", "token_length"):
         assert f'headwise_capacity_cost_seconds{{model="tiny-random",path="encode",term="{term}"}}' in metrics
     # Each batch's time against its prediction (the rehearsal's before ready among them).

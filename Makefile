@@ -44,10 +44,15 @@ serve: bundle
 # Strict typing (pyproject.toml [tool.mypy]) on the packages it already holds for.
 TYPED := service models export
 
+# The suite on up to 4 of the CPUs this process may use (pytest-xdist, a test file to a worker),
+# then the tests marked `serial` (tests/conftest.py: they time the machine) alone.
+TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+
 test: $(TEST_STAMP)
 	$(BIN)/python -m ruff check models export service tests bench
 	$(BIN)/python -m mypy $(TYPED)
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -q -rs -m serial
 
 # The inner loop: no bundle exported, no browser, no real server process (under a minute).
 test-fast: $(TEST_STAMP)

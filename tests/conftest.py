@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,28 @@ REAL_TEXTS = [
     "",
     "Transformers use self-attention to relate every token to every other token. " * 30,
 ]
+
+
+def shared(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """A session fixture's folder, built once for the whole run. Under pytest-xdist (`make test`)
+    each worker is a session of its own: the first to ask builds the folder under the run's
+    common temporary root while the others wait on a lock, then all use it, instead of every
+    worker exporting the same bundle. Without workers: a folder of this session's, as before."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        out = factory.mktemp(name)
+        build(out)
+        return out
+    root = factory.getbasetemp().parent / "shared"
+    root.mkdir(exist_ok=True)
+    out, done = root / name, root / f"{name}.built"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a worker's build that failed halfway
+            out.mkdir()
+            build(out)
+            done.touch()
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -77,10 +102,9 @@ def tiny_model(model_dir: Path):
 def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> Path:
     from export.bundle import ExportOptions, build_bundle
 
-    out = tmp_path_factory.mktemp("bundles") / "tiny"
     # A random model cannot show retrieval quality: a few pairs exercise the gate, fast.
-    build_bundle(tiny_model, out, ExportOptions(fp16=True, int8=True, int8_pairs=24))
-    return out
+    options = ExportOptions(fp16=True, int8=True, int8_pairs=24)
+    return shared(tmp_path_factory, "tiny", lambda d: build_bundle(tiny_model, d / "b", options)) / "b"
 
 
 @pytest.fixture(scope="session")
@@ -89,13 +113,14 @@ def ranker_bundle(family_tokenizers, tmp_path_factory: pytest.TempPathFactory) -
     exported by the CLI: the reranker every service test that needs a real one shares."""
     from tests.export.test_architectures import export, save_checkpoint
 
-    tmp = tmp_path_factory.mktemp("ranker")
-    folder = save_checkpoint(
-        tmp / "bert-ranker", "bert", family_tokenizers["wordpiece"],
-        "ForSequenceClassification", num_labels=1,
-    )  # fmt: skip
-    export(folder, tmp / "bundle")
-    return tmp / "bundle"
+    def build(tmp: Path) -> None:
+        folder = save_checkpoint(
+            tmp / "bert-ranker", "bert", family_tokenizers["wordpiece"],
+            "ForSequenceClassification", num_labels=1,
+        )  # fmt: skip
+        export(folder, tmp / "bundle")
+
+    return shared(tmp_path_factory, "ranker", build) / "bundle"
 
 
 @pytest.fixture(scope="session")
@@ -105,10 +130,10 @@ def m3_bundle(family_tokenizers, tmp_path_factory: pytest.TempPathFactory) -> Pa
     from tests.export.output_checkpoints import m3_checkpoint
     from tests.export.test_architectures import export
 
-    tmp = tmp_path_factory.mktemp("m3")
-    folder = m3_checkpoint(tmp / "bge-m3-tiny", family_tokenizers["unigram"])
-    export(folder, tmp / "bundle")
-    return tmp / "bundle"
+    def build(tmp: Path) -> None:
+        export(m3_checkpoint(tmp / "bge-m3-tiny", family_tokenizers["unigram"]), tmp / "bundle")
+
+    return shared(tmp_path_factory, "m3", build) / "bundle"
 
 
 @pytest.fixture(scope="session")
@@ -118,10 +143,11 @@ def clip_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from export.cli import main
     from tests.models.image_checkpoints import save_clip
 
-    tmp = tmp_path_factory.mktemp("clip")
-    save_clip(tmp / "clip")
-    assert main(["--model", str(tmp / "clip"), "--out", str(tmp / "bundle")]) == 0
-    return tmp / "bundle"
+    def build(tmp: Path) -> None:
+        save_clip(tmp / "clip")
+        assert main(["--model", str(tmp / "clip"), "--out", str(tmp / "bundle")]) == 0
+
+    return shared(tmp_path_factory, "clip", build) / "bundle"
 
 
 # Fixtures that export a bundle with torch (seconds each): a test using any of them is marked
@@ -132,11 +158,24 @@ BUNDLE_FIXTURES = {
 }
 
 
+# Modules whose tests time the machine itself (admission on measured speed, a storm's refusals,
+# sockets held open against a CPU budget): marked `serial`, and `make test` runs them alone after
+# the rest, which it spreads over the CPUs (another test beside them would be their load).
+SERIAL_MODULES = {
+    "tests/service/test_measured_admission.py",
+    "tests/service/http/test_overload.py",
+    "tests/service/http/test_protocol.py",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent.parent
     for item in items:
         path = item.path.as_posix()
         if BUNDLE_FIXTURES & set(getattr(item, "fixturenames", ())) or "/tests/export/" in path:
             item.add_marker(pytest.mark.bundle)
+        if item.path.resolve().relative_to(root).as_posix() in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(scope="session")
@@ -150,10 +189,8 @@ def default_loaded(model_dir: Path):
 def default_bundle(tmp_path_factory: pytest.TempPathFactory, default_loaded) -> Path:
     from export.bundle import build_bundle
 
-    out = tmp_path_factory.mktemp("bundles") / "default"
     logging.getLogger("onnxruntime").setLevel(logging.WARNING)
-    build_bundle(default_loaded, out)
-    return out
+    return shared(tmp_path_factory, "default", lambda d: build_bundle(default_loaded, d / "b")) / "b"
 
 
 @pytest.fixture(scope="session")
@@ -258,6 +295,11 @@ def build_tokenizer(kind: str, path: Path, vocab_size: int = 800) -> Path:
 @pytest.fixture(scope="session")
 def family_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One tokenizer.json per tokenizer kind, trained once per session (under a second each)."""
-    folder = tmp_path_factory.mktemp("tokenizers")
     kinds = ("wordpiece", "wordpiece-s", "bpe", "unigram")
-    return {k: build_tokenizer(k, folder / f"{k}.json") for k in kinds}
+
+    def build(folder: Path) -> None:
+        for k in kinds:
+            build_tokenizer(k, folder / f"{k}.json")
+
+    folder = shared(tmp_path_factory, "tokenizers", build)
+    return {k: folder / f"{k}.json" for k in kinds}

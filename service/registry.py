@@ -756,19 +756,19 @@ class Registry:
         if s.capacity_tokens_per_s is not None or s.calibration_s <= 0:
             return
         serving = [
-            pipeline.intake.batcher
+            (pipeline.intake.batcher, model)
             for model in self
             if model.backend.measurable and (pipeline := model.embed or model.score) is not None
         ]
-        serving = [b for b in serving if b.paces]  # all probe together: none may wait alone
+        serving = [(b, m) for b, m in serving if b.paces]  # all probe together: none waits alone
         if not serving:
             return
-        for device in {id(b.device): b.device for b in serving}.values():
+        devices = {id(b.device): b.device for b, _ in serving}.values()
+        for device in devices:
             device.forget()
-        gate = threading.Barrier(sum(b.concurrency for b in serving))
-        token = {id(b): any_word(model) for model in self for b in model.batchers}
-        await asyncio.gather(*(b.probe(token[id(b)], PROBE_S, gate) for b in serving))
-        for device in {id(b.device): b.device for b in serving}.values():
+        gate = threading.Barrier(sum(b.concurrency for b, _ in serving))
+        await asyncio.gather(*(b.probe(any_word(m), PROBE_S, gate) for b, m in serving))
+        for device in devices:
             log.info("device pace under load: %.2f predicted seconds a second", device.pace)
 
     async def calibrate_tokenizer(self, model: Model) -> None:

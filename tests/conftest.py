@@ -159,17 +159,25 @@ BUNDLE_FIXTURES = {
 
 
 # Modules whose tests time the machine itself (admission on measured speed, a storm's refusals,
-# sockets held open against a CPU budget): marked `serial`, and `make test` runs them alone after
-# the rest, which it spreads over the CPUs (another test beside them would be their load).
+# sockets held open against a CPU budget) or hold a fake backend's sleeps to tens of
+# milliseconds: marked `serial`, and `make test` runs them alone after the rest, which it spreads
+# over the CPUs (another test beside them would be their load). Seconds, but for the first.
 SERIAL_MODULES = {
     "tests/service/test_measured_admission.py",
     "tests/service/http/test_overload.py",
     "tests/service/http/test_protocol.py",
+    "tests/service/engine/test_batcher.py",
+    "tests/service/engine/test_admission.py",
+    "tests/service/engine/test_cost.py",
+    "tests/service/engine/test_gauges.py",
+    "tests/service/pipelines/test_base.py",
 }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).resolve().parent.parent
+    if missing := sorted(m for m in SERIAL_MODULES if not (root / m).is_file()):
+        raise pytest.UsageError(f"SERIAL_MODULES names modules that are not there: {missing}")
     for item in items:
         path = item.path.as_posix()
         if BUNDLE_FIXTURES & set(getattr(item, "fixturenames", ())) or "/tests/export/" in path:

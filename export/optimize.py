@@ -16,11 +16,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
+from onnx.external_data_helper import convert_model_to_external_data
 
 from export import external
 from export.fused import Plan, expected_nodes
@@ -291,6 +294,45 @@ def quantisable(model: onnx.ModelProto) -> list[str]:
     ]
 
 
+def int8_probes(fused: Path, names: Sequence[str], probe: Path) -> Iterator[tuple[str, Path]]:
+    """For each node in `names`: `probe` rewritten as `fused` with that node alone computing what
+    `_quantize` makes of it, in float ops: its weight rounded to int8 per column (symmetric,
+    [-127, 127], as per-channel QInt8), its input through DynamicQuantizeLinear and
+    DequantizeLinear (uint8 per tensor, as the dynamic graph quantises activations). The int8
+    products are exact in either form, so the outputs are the int8 graph's (all-MiniLM-L6-v2's
+    24 nodes: the same cosine lost, to 5 digits). Without a `quantize_dynamic` a node (ONNX shape
+    inference and the whole graph rewritten, ~1 s a node there): the weights are written once,
+    to a data file beside `probe`, and each probe is the graph and one weight. Both files are
+    removed at the end."""
+    model = external.load(fused)
+    data = probe.with_name(probe.name + external.DATA_SUFFIX)
+    convert_model_to_external_data(model, location=data.name, size_threshold=1024)
+    onnx.save(model, str(probe))  # writes the data file, once
+    lean = external.load_lean(probe)
+    try:
+        for name in names:
+            m = onnx.ModelProto()
+            m.CopyFrom(lean)
+            node = next(n for n in m.graph.node if n.name == name)
+            weight = next(t for t in m.graph.initializer if t.name == node.input[1])
+            w = numpy_helper.to_array(weight, base_dir=str(probe.parent)).astype(np.float32)
+            scale = np.abs(w).max(axis=0, keepdims=True) / 127.0
+            scale[scale == 0] = 1.0
+            rounded = np.clip(np.round(w / scale), -127, 127) * scale
+            weight.CopyFrom(numpy_helper.from_array(rounded.astype(np.float32), weight.name))
+            x = node.input[0]
+            q, s, z, back = (f"{x}/{name}/int8_{k}" for k in ("q", "scale", "zero", "float"))
+            at = list(m.graph.node).index(node)
+            m.graph.node.insert(at, helper.make_node("DequantizeLinear", [q, s, z], [back]))
+            m.graph.node.insert(at, helper.make_node("DynamicQuantizeLinear", [x], [q, s, z]))
+            node.input[0] = back
+            probe.write_bytes(m.SerializeToString())
+            yield name, probe
+    finally:
+        probe.unlink(missing_ok=True)
+        data.unlink(missing_ok=True)
+
+
 def to_int8(
     fused: Path,
     out: Path,
@@ -301,24 +343,19 @@ def to_int8(
     against fp32 on real text), keeping the fewest nodes in float32.
 
     Every MatMul and Attention quantised is the fastest graph; it is tried first. When it fails,
-    each node's own `damage` is measured (that node alone quantised; a cheap score, e.g. cosine
-    lost on the probe texts), the nodes are ranked worst first, and a binary search finds the
-    fewest worst nodes to keep in float32 for the graph to pass (keeping more never hurts, to
-    the precision the gate can see). Every node kept: the fp32 graph's quality, and the gate
-    has nothing left to trade.
+    each node's own `damage` is measured (that node alone quantised, as `int8_probes` computes it;
+    a cheap score, e.g. cosine lost on the probe texts), the nodes are ranked worst first, and a
+    binary search finds the fewest worst nodes to keep in float32 for the graph to pass (keeping
+    more never hurts, to the precision the gate can see). Every node kept: the fp32 graph's
+    quality, and the gate has nothing left to trade.
     """
     candidates = quantisable(external.load_lean(fused))
     _quantize(fused, out, include=candidates)
     tried = 1
     if passes(out):
         return Int8Report(_counts(out), [], len(candidates), tried)
-    probe = out.with_suffix(".probe.onnx")
-    hurt: dict[str, float] = {}
-    for name in candidates:
-        _quantize(fused, probe, include=[name])
-        hurt[name] = damage(probe)
-    for f in (probe, *external.data_files(probe)):
-        f.unlink(missing_ok=True)
+    probes = int8_probes(fused, candidates, out.with_suffix(".probe.onnx"))
+    hurt = {name: damage(probe) for name, probe in probes}
     ranked = sorted(candidates, key=hurt.__getitem__, reverse=True)
     lo, hi = 1, len(ranked)  # fewest kept that may pass .. known to pass (all kept)
     while lo < hi:

@@ -130,8 +130,46 @@ def test_int8_graph_is_quantised_and_its_gate_figures_recorded(tiny_bundle):
 
 
 def quantised_nodes(path) -> list[str]:
+    """The nodes computed in int8: by ONNX Runtime's int8 ops, or as the search's probes compute
+    one in float ops (export.optimize.fake_int8: its input through DequantizeLinear)."""
     nodes = onnx.load(str(path)).graph.node
-    return [n.name for n in nodes if n.op_type in ("MatMulInteger", "QAttention")]
+    dequantised = {o for n in nodes if n.op_type == "DequantizeLinear" for o in n.output}
+    return [
+        n.name
+        for n in nodes
+        if n.op_type in ("MatMulInteger", "QAttention")
+        or (n.op_type in ("MatMul", "Attention") and n.input[0] in dequantised)
+    ]
+
+
+def test_the_searchs_probe_of_one_node_computes_what_its_int8_graph_does(tmp_path, tiny_bundle):
+    """The search scores each node on a probe with that node alone in int8, written in float ops
+    (no quantize_dynamic a node): its outputs are the real int8 graph's, node by node, far from
+    fp32's where int8 moves them."""
+    from export.optimize import _quantize, int8_probes, quantisable
+
+    fused = tiny_bundle / "encoder.onnx"
+    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+    tok = Tokenizer.from_file(str(tiny_bundle / "tokenizer.json"))
+    texts = ["The cat sat on a warm mat.", "Return the list of all running tasks, in order."]
+    feeds = verify.encode(tok, texts, manifest["inputs"], manifest["special_tokens"]["pad"])
+
+    def run(path):
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return session.run(["token_embeddings"], feeds)[0]
+
+    fp32 = run(fused)
+    names = quantisable(onnx.load(str(fused)))
+    assert len(names) == 8
+    probe = tmp_path / "probe.onnx"
+    for name, path in int8_probes(fused, names, probe):
+        _quantize(fused, tmp_path / "real.onnx", include=[name])
+        assert path == probe and quantised_nodes(path) == [name]
+        real, fake = run(tmp_path / "real.onnx"), run(path)
+        moved = np.abs(real - fp32).max()
+        assert moved > 1e-4, name  # int8 changed this node's outputs ...
+        assert np.abs(fake - real).max() < moved / 100, (name, np.abs(fake - real).max(), moved)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real.onnx"]  # the probe's files gone
 
 
 def fake_cost(path) -> float:

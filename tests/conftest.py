@@ -161,7 +161,8 @@ BUNDLE_FIXTURES = {
 # Modules whose tests time the machine itself (admission on measured speed, a storm's refusals,
 # sockets held open against a CPU budget) or hold a fake backend's sleeps to tens of
 # milliseconds: marked `serial`, and `make test` runs them alone after the rest, which it spreads
-# over the CPUs (another test beside them would be their load). Seconds, but for the first.
+# over the CPUs (another test beside them would be their load). 2 minutes together, most of it
+# the first.
 SERIAL_MODULES = {
     "tests/service/test_measured_admission.py",
     "tests/service/http/test_overload.py",

@@ -117,7 +117,7 @@ def point_at(tensor: onnx.TensorProto, location: str, offset: int, length: int) 
     tensor.data_location = onnx.TensorProto.EXTERNAL
 
 
-def _to_data_file(model: onnx.ModelProto, data: Path, base_dir: Path) -> None:
+def to_data_file(model: onnx.ModelProto, data: Path, base_dir: Path) -> None:
     """Every initializer of 1 KiB or more into `data`, one after another (page-aligned, so that
     ONNX Runtime may map them): from memory, or copied from the external file it is in now."""
     with data.open("wb") as out:
@@ -153,7 +153,7 @@ def save(model: onnx.ModelProto, path: Path, base_dir: Path | None = None) -> li
         load_external_data_for_model(model, str(base_dir))
         OnnxModel.save(model, str(path))
         return []
-    _to_data_file(model, data, base_dir)
+    to_data_file(model, data, base_dir)
     OnnxModel.save(model, str(path))  # the graph alone now: its weights point into `data`
     log.info("%s: weights in %s (%.2f GB)", path.name, data.name, data.stat().st_size / 1e9)
     return [data]

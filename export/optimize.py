@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnx.external_data_helper import convert_model_to_external_data
 
 from export import external
 from export.fused import Plan, expected_nodes
@@ -302,14 +301,12 @@ def int8_probes(fused: Path, names: Sequence[str], probe: Path) -> Iterator[tupl
     products are exact in either form, so the outputs are the int8 graph's (all-MiniLM-L6-v2's
     24 nodes: the same cosine lost, to 5 digits). Without a `quantize_dynamic` a node (ONNX shape
     inference and the whole graph rewritten, ~1 s a node there): the weights are written once,
-    to a data file beside `probe`, and each probe is the graph and one weight. Both files are
-    removed at the end."""
-    model = external.load(fused)
+    to a data file beside `probe` (streamed from where they are), and each probe is the graph
+    and one weight. Both files are removed at the end."""
+    lean = external.load_lean(fused)
     data = probe.with_name(probe.name + external.DATA_SUFFIX)
-    convert_model_to_external_data(model, location=data.name, size_threshold=1024)
-    onnx.save(model, str(probe))  # writes the data file, once
-    lean = external.load_lean(probe)
     try:
+        external.to_data_file(lean, data, fused.parent)  # the graph now points into `data`
         for name in names:
             m = onnx.ModelProto()
             m.CopyFrom(lean)

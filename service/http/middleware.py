@@ -117,6 +117,9 @@ class HeadwiseMiddleware:
         status_seen = [500]
         span = None
         counted = not REHEARSING.get()  # a server's own rehearsal is not a client's request
+        # Recorded once: before the response's last byte goes out, so that a client holding its
+        # answer finds it counted by any worker's /metrics; or at the end when no answer went out.
+        pending = [counted]
         if self.tracing is not None and counted:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             span = self.tracing.start(scope["method"], endpoint, scope["path"], headers)
@@ -131,6 +134,13 @@ class HeadwiseMiddleware:
                 total = (time.monotonic() - started) * 1e3
                 headers.append((b"x-total-time", f"{total:.3f}".encode()))
                 message["headers"] = headers
+            elif (
+                message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+                and pending[0]
+            ):
+                pending[0] = False
+                self._record(scope, state, endpoint, status_seen[0], started, span, request_id)
             await send(message)
 
         async def refuse(exc: HeadwiseError) -> None:
@@ -177,7 +187,7 @@ class HeadwiseMiddleware:
             self.metrics.inflight.dec()
             self.metrics.active -= 1
             self.metrics.finished += 1
-            if counted:
+            if pending[0]:
                 self._record(scope, state, endpoint, status_seen[0], started, span, request_id)
 
     def _record(

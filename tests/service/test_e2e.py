@@ -148,6 +148,7 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero(default_bundle, tmp_
     assert "all accepted requests answered" in server.output()
 
 
+@pytest.mark.serial  # bounds a refusal or the drain in wall-clock time
 def test_sigterm_with_more_work_than_the_grace_answers_every_request_200_or_503(
     default_bundle, tmp_path
 ):

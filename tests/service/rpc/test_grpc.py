@@ -293,6 +293,7 @@ def test_reflection_lists_and_describes_the_services(live):
     assert oip_file.file_descriptor_response.file_descriptor_proto
 
 
+@pytest.mark.serial  # bounds a refusal or the drain in wall-clock time
 def test_the_api_key_and_admission_hold_on_grpc(default_bundle, tmp_path):
     """The key as TEI reads it (authorization: Bearer); a request that cannot meet its deadline
     is RESOURCE_EXHAUSTED at once, before any of it runs; HTTP on the same process agrees."""
@@ -452,6 +453,7 @@ def test_grpcurl_through_reflection(live):
     assert health["status"] == "SERVING"
 
 
+@pytest.mark.serial  # bounds a refusal or the drain in wall-clock time
 def test_a_clients_grpc_deadline_is_the_requests(default_bundle, tmp_path):
     """A call whose own gRPC deadline (0.5 s) is shorter than its work is refused at once,
     RESOURCE_EXHAUSTED naming the deadline, though the server's own (30 s) would fit it: the

@@ -79,6 +79,12 @@ class Settings(BaseSettings):
         "share of the memory limit and connection limits; /metrics adds them up. One process's "
         "event loop is what caps one-text requests on a many-core machine (bench/workers.py)",
     )
+    openvino_padding: bool = Field(
+        True,
+        description="OpenVINO in bf16: pad a batch up to the next multiple of the CPU's tile (16 "
+        "tokens) where start-up measured that length faster than the batch's own (AMX: 1.1x the "
+        "texts/s at 32 clients; engine/tiles.py, bench/tiles.py); false: every batch at its own",
+    )
     openvino_streams: int = Field(
         0,
         ge=0,

@@ -78,6 +78,8 @@ def describe(model: Model, routes: str, settings: Settings) -> dict[str, Any]:
         "device": runtime.device,
         "graph": runtime.graph,
         "precision": runtime.precision,
+        # OpenVINO: the lengths batches run at, as start-up measured them (engine/tiles.py)
+        "padding": runtime.padding,
         "streams": model.backend.streams,  # batches computed at once (OpenVINO's streams)
         # ... and a batch alone with every thread, on a second compile (engine/alone.py)
         "lone_compile": model.backend.lone,

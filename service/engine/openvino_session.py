@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from service.engine import tiles
 from service.engine.alone import ALONE, alone
 from service.engine.cpu import threads_for
 from service.manifest import Manifest, SpecialTokens
@@ -79,10 +81,15 @@ class OpenVinoSession:
         threads: int = 0,
         streams: int = 1,
         lone: bool = True,
+        padding: tiles.Padding | None = None,
+        most: int | None = None,
     ) -> None:
         """precision: fp32 or bf16 (asked; `precision` is what was compiled), or int8 (an NNCF
         graph). threads: 0 = one per CPU this process may use (engine/cpu.py's cores), else
-        that many (the long lane's one). streams: batches run at once (1: one with every thread)."""
+        that many (the long lane's one). streams: batches run at once (1: one with every thread).
+        padding: the lengths batches run at (engine/tiles.py); None: measured here when the
+        model compiled in bf16, else none. most: the longest a batch may be padded to (the
+        model's max_length: its position table ends there)."""
         import openvino
 
         core = openvino.Core()
@@ -108,9 +115,23 @@ class OpenVinoSession:
         self.precision = "int8" if precision == "int8" else "bf16" if bf16 else "fp32"
         self._inputs = [Port(p.get_any_name()) for p in self.compiled.inputs]
         self._outputs = [Port(p.get_any_name()) for p in self.compiled.outputs]
+        # Outputs with a length axis (token states, token weights): cut back after padding.
+        self._by_token = {
+            p.get_any_name()
+            for p in self.compiled.outputs
+            if p.get_partial_shape().rank.get_length() >= 2 and p.get_partial_shape()[1].is_dynamic
+        }
         self._local = threading.local()
         self._requests: list[Any] = []  # every thread's (warm)
         self._lengths = 0  # warm: each request runs one text of every length up to this
+        if padding is None:
+            padding = (
+                tiles.measure(self.timer())
+                if self.precision == "bf16"
+                else tiles.never(f"{self.precision} follows the tokens (bench/tiles.py)")
+            )
+        self.padding = padding
+        self._most = most
 
     @property
     def lone(self) -> bool:
@@ -168,13 +189,51 @@ class OpenVinoSession:
                 Batch(ids, np.ones_like(ids)).feeds(names), share_inputs=True, share_outputs=True
             )
 
+    def timer(self) -> Any:
+        """time_of(rows, length) for tiles.measure: a request of its own runs the shape once
+        (its first run prepares it), then the best of three."""
+        request = self.compiled.create_infer_request()
+        names = [i.name for i in self._inputs]
+
+        def time_of(rows: int, n: int) -> float:
+            ids = np.full((rows, n), 5, dtype=np.int64)
+            feeds = Batch(ids, np.ones_like(ids)).feeds(names)
+            request.infer(feeds, share_inputs=True, share_outputs=True)
+            best = float("inf")
+            for _ in range(3):
+                started = time.perf_counter()
+                request.infer(feeds, share_inputs=True, share_outputs=True)
+                best = min(best, time.perf_counter() - started)
+            return best
+
+        return time_of
+
+    def _padded(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """The feeds at the length `padding` runs them at (0s past the batch's own, masked),
+        and the batch's own length (0 when these are not a text batch's inputs)."""
+        ids = feeds.get("input_ids")
+        if ids is None or ids.ndim != 2 or not set(feeds) <= set(tiles.TOKEN_INPUTS):
+            return feeds, 0
+        n = ids.shape[1]
+        m = self.padding.length(len(ids), n, self._most)
+        if m == n:
+            return feeds, n
+        return {k: np.pad(v, ((0, 0), (0, m - n))) for k, v in feeds.items()}, n
+
     def run(
         self, names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None
     ) -> list[np.ndarray]:
-        """ONNX Runtime's `run`: the named outputs (None: all), each copied out of the request."""
-        result = self._request().infer(feeds, share_inputs=True, share_outputs=True)
+        """ONNX Runtime's `run`: the named outputs (None: all), each copied out of the request
+        (a token-level output cut back to the batch's own length where padding lengthened it)."""
+        padded, n = self._padded(feeds)
+        result = self._request().infer(padded, share_inputs=True, share_outputs=True)
         wanted = names if names is not None else [o.name for o in self._outputs]
-        return [np.array(result[name], copy=True) for name in wanted]
+        if padded is feeds:
+            return [np.array(result[name], copy=True) for name in wanted]
+        return [
+            np.array(result[name][:, :n] if name in self._by_token else result[name], copy=True)
+            for name in wanted
+        ]
 
 
 # --- Agreement with ONNX Runtime, checked before a graph is served on OpenVINO ------------------

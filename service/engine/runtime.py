@@ -21,7 +21,7 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from service.bundle import Bundle
-from service.engine import openvino_session, quality
+from service.engine import openvino_session, quality, tiles
 from service.engine.choice import Choice, Unservable, choose
 from service.engine.cpu import auto_streams, cores, detect, threads_for
 from service.engine.openvino_session import OpenVinoSession
@@ -49,6 +49,8 @@ class RuntimeInfo:
     precision: str  # what computes: the graph's, or the one OpenVINO compiled it in
     runtime: str = "onnxruntime"
     reason: str = ""  # why this runtime and precision (service/engine/choice.py)
+    # OpenVINO: the lengths batches run at (engine/tiles.py), described; None elsewhere.
+    padding: dict[str, Any] | None = None
 
     @property
     def device(self) -> str:
@@ -217,7 +219,10 @@ class OnnxBackend:
         computes: str = self.manifest.graphs[graph].precision
         if isinstance(self.session, OpenVinoSession):
             computes = self.session.precision
-        self.info = RuntimeInfo(used, graph, computes, choice.runtime, choice.reason)
+        padding = None
+        if isinstance(self.session, OpenVinoSession):
+            padding = self.session.padding.describe()
+        self.info = RuntimeInfo(used, graph, computes, choice.runtime, choice.reason, padding)
         self.inline = self.info.device == "cpu"
         self.measurable = True
         self.streams = getattr(self.session, "streams", 1)
@@ -233,7 +238,13 @@ class OnnxBackend:
         if lane and self.manifest.max_length > lane and self.info.device == "cpu":
             self.long_tokens = lane
             if isinstance(self.session, OpenVinoSession):
-                self.long_session = OpenVinoSession(bundle.graph_path(graph), computes, threads=1)
+                self.long_session = OpenVinoSession(
+                    bundle.graph_path(graph),
+                    computes,
+                    threads=1,
+                    padding=self.session.padding,
+                    most=self.manifest.max_length,
+                )
             else:
                 self.long_session = build_session(bundle.graph_path(graph), used, 1, False, arena)
         self.attention_session = None
@@ -288,7 +299,17 @@ class OnnxBackend:
         try:
             usable = threads_for(settings.threads) or cores().usable
             streams = settings.openvino_streams or auto_streams(usable, detect().flags)
-            session = OpenVinoSession(path, choice.precision, settings.threads, streams)
+            padding = None
+            if not settings.openvino_padding:
+                padding = tiles.never("HEADWISE_OPENVINO_PADDING is off")
+            session = OpenVinoSession(
+                path,
+                choice.precision,
+                settings.threads,
+                streams,
+                padding=padding,
+                most=self.manifest.max_length,
+            )
         except Exception as exc:  # OpenVINO raises RuntimeError and its own kinds
             failed = f"OpenVINO cannot compile {path.name} ({str(exc).splitlines()[0][:200]})"
         else:

@@ -23,9 +23,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from export import verify
+from service.engine import tiles
 from service.engine.cpu import detect
 from service.engine.openvino_session import OpenVinoSession, disagreement, probe_batch
 from service.engine.sessions import build_session
+from service.engine.tiles import TILE, Padding
 from service.manifest import Manifest
 from service.tensors import cosines
 from tests.export.test_architectures import FAMILIES as ENCODERS
@@ -130,6 +132,12 @@ def test_every_output_of_the_serving_graph_equals_onnx_runtimes(family, precisio
         assert why is not None and "ONNX Runtime's" in why
         return
     assert why is None, why
+    assert_agrees(ov, ort, x, manifest.task, precision)
+
+
+def assert_agrees(ov: OpenVinoSession, ort, x: dict[str, np.ndarray], task: str, precision: str):
+    """Every output of `ov` on feeds `x` as ONNX Runtime's: vectors by cosine, scores close and
+    in the same order."""
     names = [o.name for o in ort.get_outputs()]
     want = dict(zip(names, ort.run(names, x), strict=True))
     got = dict(zip(names, ov.run(names, x), strict=True))
@@ -139,7 +147,7 @@ def test_every_output_of_the_serving_graph_equals_onnx_runtimes(family, precisio
         assert a.shape == b.shape, name
         if a.ndim == 3:  # token states (B, N, d): the real tokens' rows
             a, b = a[mask], b[mask]
-        if manifest.task == "embed" or a.ndim == 2 and a.shape[1] > 1 and name != "logits":
+        if task == "embed" or a.ndim == 2 and a.shape[1] > 1 and name != "logits":
             assert cosines(a, b).min() >= MIN_COSINE[precision], name
         else:  # scores: close values, in the same order wherever fp32 tells them apart
             a, b = a.ravel(), b.ravel()
@@ -150,6 +158,34 @@ def test_every_output_of_the_serving_graph_equals_onnx_runtimes(family, precisio
             apart = np.abs(b[:, None] - b[None, :]) > tol
             same = np.sign(a[:, None] - a[None, :]) == np.sign(b[:, None] - b[None, :])
             assert same[apart].all(), (name, a, b)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_batch_padded_to_the_tile_answers_as_at_its_own_length(family, precision):
+    """Padding forced on every batch past a tile (engine/tiles.py; at start only where it
+    measured faster): each family's outputs are still ONNX Runtime's at the batch's own length,
+    the token-level ones cut back to it (the families served on ONNX Runtime, whose answers
+    OpenVINO's differ from: OpenVINO's own without padding)."""
+    if precision == "bf16" and not detect().bf16:
+        pytest.skip(f"bf16 needs amx_bf16 or avx512_bf16; this CPU has {detect().describe()}")
+    name, bundle = family
+    manifest, x = feeds(bundle)
+    graph = bundle / manifest.graphs["encoder"].file
+    forced = Padding(rows=1, row=1)
+    ov = OpenVinoSession(graph, precision, padding=forced, most=manifest.max_length)
+    top = manifest.max_length // TILE * TILE  # the longest multiple of a tile within positions
+    n = x["input_ids"].shape[1]
+    if top > TILE and (n % TILE == 0 or n > top):  # cut the longest text: a tail to pad away
+        x = {k: v[:, : min(n, top) - 1] for k, v in x.items()}
+    padded, own = ov._padded(x)
+    assert own == x["input_ids"].shape[1] > TILE
+    if top > TILE:
+        assert padded["input_ids"].shape[1] % TILE == 0 and padded["input_ids"].shape[1] > own
+    else:  # its positions end within two tiles (ColBERT's test model: 24): never run past them
+        assert padded is x
+    unpadded = tiles.never("the reference")
+    reference = OpenVinoSession(graph, precision, padding=unpadded) if name in DISAGREE else None
+    assert_agrees(ov, reference or build_session(graph), x, manifest.task, precision)
 
 
 def test_a_server_on_openvino_answers_as_onnx_runtimes(family):
@@ -447,3 +483,28 @@ def test_streams_follow_the_cpus_the_process_may_use(tiny_bundle, monkeypatch):
             model = c.get("/info").json()["models"][0]
             assert (model["runtime"], model["streams"]) == ("openvino", want)
             assert c.post("/encode", json={"inputs": ["a", "b c"]}).status_code == 200
+
+
+def test_info_says_how_openvino_pads_its_batches_and_the_setting_turns_it_off(tiny_bundle):
+    """bf16: start-up's measurement and what it decided, its figures in /info; fp32 follows the
+    tokens (bench/tiles.py), so nothing is measured; HEADWISE_OPENVINO_PADDING=false pads nothing;
+    ONNX Runtime: no padding of this kind at all."""
+    precision = "bf16" if detect().bf16 else "fp32"
+    for padding, runtime in ((True, "openvino"), (False, "openvino"), (True, "onnxruntime")):
+        asked = precision if runtime == "openvino" else "fp32"
+        with client_for(
+            tiny_bundle, runtime=runtime, precision=asked, openvino_padding=padding
+        ) as c:
+            model = c.get("/info").json()["models"][0]
+            assert c.post("/encode", json={"inputs": ["a", "b c " * 20]}).status_code == 200
+        said = model["padding"]
+        if runtime == "onnxruntime":
+            assert said is None
+        elif not padding:
+            assert "HEADWISE_OPENVINO_PADDING is off" in said["reason"]
+            assert said["least_remainder_padded"] == {"batches": None, "one_text": None}
+        elif precision == "bf16":
+            assert said["tile"] == TILE and said["reason"].startswith("measured at start")
+            assert {r: len(ms) for r, ms in said["measured_ms"].items()} == {"8": 16, "1": 16}
+        else:
+            assert "fp32 follows the tokens" in said["reason"] and not said["measured_ms"]

@@ -114,8 +114,8 @@ def test_a_refused_bf16_stops_the_start_naming_the_flags(tiny_bundle):
 class Blurred(OpenVinoSession):
     """OpenVINO's fp32 graph posing as bf16 that loses retrieval: its vectors blurred."""
 
-    def __init__(self, path, precision="fp32", threads=0, streams=1):
-        super().__init__(path, "fp32", threads, streams)
+    def __init__(self, path, precision="fp32", threads=0, streams=1, **kwargs):
+        super().__init__(path, "fp32", threads, streams, **kwargs)
         self.precision = precision
 
     def run(self, names, feeds, run_options=None):

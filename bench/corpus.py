@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from pathlib import Path
+from typing import Any
 
 
 def sentences(n: int = 512, seed: int = 0) -> list[str]:
@@ -28,3 +30,15 @@ def sentences(n: int = 512, seed: int = 0) -> list[str]:
 
 def fingerprint(texts: list[str]) -> str:
     return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+
+
+def tokenized(bundle: Path, texts: list[str]) -> tuple[Any, list[list[int]]]:
+    """The bundle's manifest and `texts`' token ids, as the bundle's tokenizer cuts them."""
+    from tokenizers import Tokenizer
+
+    from service.manifest import Manifest
+
+    manifest = Manifest.model_validate_json((bundle / "manifest.json").read_text())
+    tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    tok.enable_truncation(max_length=manifest.max_length)
+    return manifest, [e.ids for e in tok.encode_batch(texts)]

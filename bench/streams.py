@@ -37,7 +37,6 @@ from bench.results_io import cpu_machine, save, where
 from bench.server import launch
 from service.engine.cpu import detect
 from service.engine.openvino_session import PRECISIONS
-from service.manifest import Manifest
 
 log = logging.getLogger("bench")
 RESULTS = Path("bench/results")
@@ -151,10 +150,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    manifest = Manifest.model_validate_json((args.bundle / "manifest.json").read_text())
+    manifest, sequences = corpus.tokenized(args.bundle, corpus.sentences(args.texts))
     tok = Tokenizer.from_file(str(args.bundle / "tokenizer.json"))
-    tok.enable_truncation(max_length=manifest.max_length)
-    sequences = [e.ids for e in tok.encode_batch(corpus.sentences(args.texts))]
     cpu = detect()
     precisions = ["fp32", "bf16"] if cpu.bf16 else ["fp32"]
     core = openvino.Core()

@@ -147,7 +147,7 @@ def report(results: dict[str, Any]) -> str:
         f"from {least['batches']} tokens past a multiple of {padding['tile']}, a text alone from "
         f"{least['one_text']} (None: never).",
         "",
-        "## What start-up measures (ms, the best of three)",
+        "## What start-up measures (ms, the best of two passes)",
         "",
     ]
     lengths = list(results["rows"][0]["start"]["measured_ms"]["8"])

@@ -10,7 +10,7 @@ So the length is measured, never assumed: at start the compiled model runs 8 tex
 text at each length past one tile (17 .. 31 tokens) and at two tiles (32), the best of two passes.
 A remainder past a tile is worth padding away when its own length ran slower than the full tile
 (by more than 2 %), and so did every longer remainder: the least such remainder is the threshold
-(None: nothing is padded). About 0.6 s of start on 2 cores. The padding is
+(None: nothing is padded). About 1.5 s of start on 2 cores with AMX. The padding is
 the masked kind every batch already has (a shorter text beside a longer one): no real token
 attends to it and pooling skips it, so the answers do not change beyond the precision's own
 rounding, and the token-level outputs are cut back to the batch's own length.

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +276,22 @@ def probe_of(specials: SpecialTokens, vocab_size: int, max_length: int) -> Batch
             ids[-1] = specials.sep
         sequences.append(ids)
     return Batch.of(sequences, specials.pad)
+
+
+def padded_probe(batch: Batch, padding: tiles.Padding, most: int) -> Batch | None:
+    """`batch` cut to the longest length that `padding` runs longer (its longest rows' tails
+    dropped): the probe of padding's own agreement; None when it lengthens no length here."""
+    rows, n = batch.input_ids.shape
+    for cut in range(n - 1, padding.tile, -1):
+        if padding.length(rows, cut, most) > cut:
+            types = batch.token_type_ids
+            return replace(
+                batch,
+                input_ids=batch.input_ids[:, :cut],
+                attention_mask=batch.attention_mask[:, :cut],
+                token_type_ids=None if types is None else types[:, :cut],
+            )
+    return None
 
 
 def disagreement(

@@ -322,6 +322,8 @@ class OnnxBackend:
                 reference = build_session(bundle.graph_path("encoder"), [CPU], settings.threads)
                 probe = openvino_session.probe_batch(self.manifest)
                 why = openvino_session.disagreement(session, reference, probe, choice.precision)
+                if why is None:
+                    self._check_padding(session, reference, probe, choice.precision)
                 if why is not None:
                     failed = f"OpenVINO's {path.name} disagrees with ONNX Runtime's: {why}"
                 else:
@@ -334,6 +336,20 @@ class OnnxBackend:
             raise DeviceUnavailable(f"{self.manifest.name}: {failed}")
         log.warning("%s: %s: serving on ONNX Runtime", self.manifest.name, failed)
         return None, Choice("onnxruntime", "auto", f"{choice.reason}; but {failed}: ONNX Runtime")
+
+    def _check_padding(
+        self, session: OpenVinoSession, reference: Any, probe: Batch, precision: str
+    ) -> None:
+        """The probe again, cut to a length the session pads (engine/tiles.py): where its answers
+        then differ from ONNX Runtime's, the session runs every batch at its own length."""
+        cut = openvino_session.padded_probe(probe, session.padding, self.manifest.max_length)
+        if cut is None:
+            return
+        why = openvino_session.disagreement(session, reference, cut, precision)
+        if why is not None:
+            said = f"a batch padded to the tile disagrees with ONNX Runtime's: {why}"
+            log.warning("%s: %s: batches run at their own length", self.manifest.name, said)
+            session.padding = tiles.never(said)
 
     def _judged(
         self,

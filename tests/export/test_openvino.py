@@ -508,3 +508,36 @@ def test_info_says_how_openvino_pads_its_batches_and_the_setting_turns_it_off(ti
             assert {r: len(ms) for r, ms in said["measured_ms"].items()} == {"8": 16, "1": 16}
         else:
             assert "fp32 follows the tokens" in said["reason"] and not said["measured_ms"]
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_start_checks_a_padded_batch_and_runs_at_its_own_length_where_it_disagrees(
+    tiny_bundle, monkeypatch, broken
+):
+    """Start-up's probe runs again cut to a length the session pads: answers as ONNX Runtime's
+    keep the padding; a padded run that answers otherwise (a graph that reads the padding) is
+    served at every batch's own length, /info saying why, still on OpenVINO."""
+    init, run = OpenVinoSession.__init__, OpenVinoSession.run
+
+    def forced(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.padding = Padding(rows=1, row=1)  # fp32: pads where bf16's measurement would
+
+    def reads_the_padding(self, names, feeds, run_options=None):
+        out = run(self, names, feeds, run_options)
+        if broken and self._padded(feeds)[0] is not feeds:
+            return [v * 1.5 + 1 for v in out]
+        return out
+
+    monkeypatch.setattr(OpenVinoSession, "__init__", forced)
+    monkeypatch.setattr(OpenVinoSession, "run", reads_the_padding)
+    with client_for(tiny_bundle, runtime="openvino", precision="fp32") as c:
+        model = c.get("/info").json()["models"][0]
+        assert c.post("/encode", json={"inputs": ["a b c " * 7, "d"]}).status_code == 200
+    assert model["runtime"] == "openvino"
+    said = model["padding"]
+    if broken:
+        assert said["reason"].startswith("a batch padded to the tile disagrees")
+        assert said["least_remainder_padded"] == {"batches": None, "one_text": None}
+    else:
+        assert said["least_remainder_padded"] == {"batches": 1, "one_text": 1}

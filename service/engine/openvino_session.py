@@ -212,7 +212,7 @@ class OpenVinoSession:
         """The feeds at the length `padding` runs them at (0s past the batch's own, masked),
         and the batch's own length (0 when these are not a text batch's inputs)."""
         ids = feeds.get("input_ids")
-        if ids is None or ids.ndim != 2 or not set(feeds) <= set(tiles.TOKEN_INPUTS):
+        if ids is None or ids.ndim != 2 or not feeds.keys() <= tiles.TOKEN_INPUTS:
             return feeds, 0
         n = ids.shape[1]
         m = self.padding.length(len(ids), n, self._most)

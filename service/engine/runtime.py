@@ -217,10 +217,9 @@ class OnnxBackend:
                     bundle.graph_path(graph), used, settings.threads, spin and settings.spinning
                 )
         computes: str = self.manifest.graphs[graph].precision
-        if isinstance(self.session, OpenVinoSession):
-            computes = self.session.precision
         padding = None
         if isinstance(self.session, OpenVinoSession):
+            computes = self.session.precision
             padding = self.session.padding.describe()
         self.info = RuntimeInfo(used, graph, computes, choice.runtime, choice.reason, padding)
         self.inline = self.info.device == "cpu"

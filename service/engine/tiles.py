@@ -27,7 +27,8 @@ from typing import Any
 
 TILE = 16
 PROBE_ROWS = (8, 1)  # a batch under load, a text alone
-TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # padded with 0s (masked)
+# padded with 0s (masked); a set, as each run checks its feeds against it
+TOKEN_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
 # A length counts as slower than the full tile past this share: what is left is the machine's
 # noise, and a tie is not worth the padding.
 MARGIN = 0.02
